@@ -1,0 +1,19 @@
+"""dsagen: generated store / paged-logits kernels for the DSA lightning-indexer key cache.
+
+    spec = dsagen.load_spec("specs/bf16_page64.yaml")
+    ops = dsagen.load(spec)            # JIT-builds (cached) and registers the torch ops
+    cache = ops.new_cache(num_pages=1024, device="cuda")
+    ops.store(k, cache, loc)
+    logits = ops.paged_logits(q, cache, weights, context_lens, block_table, max_context_len)
+"""
+from .spec import Spec, SpecError, load_spec
+
+__version__ = "0.1.0"
+
+__all__ = ["Spec", "SpecError", "load_spec", "load", "__version__"]
+
+
+def load(spec, *, with_cuda=None, verbose=False):
+    """Build (or load from cache) the ops of a spec; see :func:`dsagen.ops.load`."""
+    from .ops import load as _load
+    return _load(spec, with_cuda=with_cuda, verbose=verbose)

@@ -1,0 +1,160 @@
+"""``dsagen`` command line (click).
+
+Exit codes: 0 success; 1 a kernel disagrees with the reference (or a build failed);
+2 a bad spec or bad usage (one line naming the file and the field, no traceback).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from .spec import Spec, SpecError, load_spec, shipped_spec_paths
+
+
+class UsageFailure(click.ClickException):
+    exit_code = 2
+
+
+def _specs(paths) -> list[Spec]:
+    try:
+        return [load_spec(p) for p in paths]
+    except SpecError as e:
+        raise UsageFailure(str(e)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dsagen")
+def main():
+    """dsagen: generate, build and verify DSA indexer key-cache kernels from a YAML layout spec."""
+
+
+@main.command()
+@click.argument("specs", nargs=-1, required=True, type=click.Path())
+def validate(specs):
+    """Check spec files; print bytes/token and page bytes of each."""
+    for s in _specs(specs):
+        click.echo(s.summary())
+
+
+@main.command("list")
+def list_cmd():
+    """Every shipped spec (specs/) with its bytes/token and page bytes."""
+    for s in _specs(shipped_spec_paths()):
+        click.echo(f"{s.summary()}  ({s.description})")
+
+
+@main.command()
+@click.argument("specs", nargs=-1, required=True, type=click.Path())
+@click.option("--out", type=click.Path(), default=None, help="Output folder (default generated/<name>/).")
+def render(specs, out):
+    """Render the sources of each spec into generated/<name>/."""
+    from .codegen import write_generated
+    for s in _specs(specs):
+        d = write_generated(s, Path(out) / s.name if out else None)
+        click.echo(f"{s.name}: rendered into {d}")
+
+
+def _run_verify(spec: Spec, ops, device: str, json_rows: list) -> bool:
+    from .verify import verify
+    t0 = time.time()
+    click.echo(f"[{spec.name}] verifying {device} kernels against the PyTorch reference (float64) ...")
+    rep = verify(spec, ops, device)
+    click.echo(rep.table())
+    click.echo(f"[{spec.name}] {device}: {'PASSED' if rep.passed else 'FAILED'} "
+               f"({len(rep.rows)} cases, {time.time() - t0:.1f} s)")
+    json_rows.append(rep.to_dict())
+    return rep.passed
+
+
+def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True) -> bool:
+    import torch
+
+    from . import jit
+    from .codegen import render as render_sources, write_generated
+    from .ops import cuda_archs, load
+
+    d = write_generated(spec)
+    click.echo(f"[{spec.name}] {spec.summary().split(': ', 1)[1]}; sources rendered into {d}")
+    ok = True
+    archs = cuda_archs(spec)
+    if archs:
+        click.echo(f"[{spec.name}] CUDA device {torch.cuda.get_device_name()} -> building for {archs}")
+    try:
+        ops = load(spec, with_cuda=bool(archs))
+    except jit.BuildError as e:
+        click.echo(f"[{spec.name}] BUILD FAILED:\n{e}", err=True)
+        return False
+    ok &= _run_verify(spec, ops, "cpu", json_rows)
+    if archs:
+        ok &= _run_verify(spec, ops, "cuda", json_rows)
+    not_run = [t for t in spec.targets if t not in archs]
+    if not_run and nvcc_check:
+        if jit.find_nvcc() is None:
+            click.echo(f"[{spec.name}] nvcc not found: CUDA for {not_run} NOT compiled")
+        else:
+            click.echo(f"[{spec.name}] compiling CUDA sources with nvcc {jit.nvcc_version()} for {not_run} ...")
+            for r in jit.nvcc_compile_only(render_sources(spec), not_run):
+                status = "compiled" if r.ok else "COMPILE FAILED"
+                click.echo(f"[{spec.name}]   {r.source} {r.arch}: {status} ({r.seconds:.1f} s)")
+                if not r.ok:
+                    click.echo(r.log, err=True)
+                    ok = False
+            click.echo(f"[{spec.name}] CUDA kernels for {not_run} were compiled but NOT run "
+                       f"(no such device here)")
+    return ok
+
+
+@main.command()
+@click.argument("specs", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "json_out", type=click.Path(), default=None, help="Write the reports as JSON.")
+@click.option("--no-nvcc", is_flag=True, help="Skip the compile-only check of targets without a device.")
+def compile(specs, json_out, no_nvcc):  # noqa: A001 - the command is called compile
+    """Render, build, verify each spec; compile (not run) CUDA for targets with no local device."""
+    rows: list = []
+    ok = True
+    for s in _specs(specs):
+        ok &= _compile_one(s, rows, nvcc_check=not no_nvcc)
+    if json_out:
+        Path(json_out).write_text(json.dumps(rows, indent=1))
+    click.echo("dsagen compile: " + ("all verified" if ok else "FAILED"))
+    sys.exit(0 if ok else 1)
+
+
+@main.command()
+@click.argument("specs", nargs=-1, required=True, type=click.Path())
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
+def verify(specs, device):
+    """Verify built ops against the reference (builds them first if needed)."""
+    import torch
+
+    from .ops import cuda_archs, load
+    ok = True
+    rows: list = []
+    for s in _specs(specs):
+        use_cuda = device == "cuda" or (device == "auto" and bool(cuda_archs(s)))
+        if use_cuda and not torch.cuda.is_available():
+            raise UsageFailure("--device cuda: no CUDA device")
+        ops = load(s, with_cuda=use_cuda)
+        ok &= _run_verify(s, ops, "cuda" if use_cuda else "cpu", rows)
+    sys.exit(0 if ok else 1)
+
+
+@main.command()
+@click.argument("specs", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "json_out", type=click.Path(), default=None, help="Write one object per row.")
+@click.option("--quick", is_flag=True, help="A short shape list (smoke test).")
+def bench(specs, json_out, quick):
+    """Time the generated kernels against copy bandwidth, the PyTorch fallback and DeepGEMM."""
+    from . import bench as B
+    rows = B.run(_specs(specs), quick=quick)
+    if json_out:
+        Path(json_out).write_text(json.dumps(rows, indent=1))
+        click.echo(f"wrote {len(rows)} rows to {json_out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Load a spec's generated ops and expose them as Python callables.
+
+The ops are registered with ``torch.library`` under the namespace ``dsagen_<name>_<digest>``:
+``store`` mutates ``kv_cache`` and returns nothing; ``paged_logits`` has a fake (meta)
+implementation so it traces under ``torch.compile``.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import jit
+from .codegen import namespace, render
+from .spec import Spec, load_spec
+
+_LOCK = threading.Lock()
+_LOADED: dict[str, "Ops"] = {}
+
+
+def cuda_archs(spec: Spec) -> list[str]:
+    """The spec's targets that the current CUDA device can run (``sm_90a`` on Hopper...)."""
+    if not torch.cuda.is_available():
+        return []
+    major, minor = torch.cuda.get_device_capability()
+    local = f"sm_{major}{minor}a"
+    return [t for t in spec.targets if t == local]
+
+
+@dataclass
+class Ops:
+    """The built ops of one spec."""
+
+    spec: Spec
+    namespace: str
+    library: Path
+    has_cuda: bool
+
+    @property
+    def _ops(self):
+        return getattr(torch.ops, self.namespace)
+
+    def new_cache(self, num_pages: int, device="cpu") -> torch.Tensor:
+        """A zeroed ``kv_cache``: uint8 ``[num_pages, spec.page_bytes]`` on ``device``."""
+        return torch.zeros(num_pages, self.spec.page_bytes, dtype=torch.uint8, device=device)
+
+    def store(self, k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor) -> None:
+        """Quantize ``k`` (bf16/fp16/fp32 ``[N, head_dim]``) into slots ``loc`` (int64 ``[N]``) of
+        ``kv_cache`` in place; matches :func:`dsagen.reference.store` byte for byte.
+
+        Raises:
+            RuntimeError: shapes, dtypes or devices do not match the spec.
+        """
+        self._ops.store(k, kv_cache, loc)
+
+    def paged_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                     context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
+                     clean_logits: bool = True) -> torch.Tensor:
+        """Indexer logits over the paged cache; DeepGEMM ``fp8_paged_mqa_logits`` semantics.
+
+        Args:
+            q: ``[B, next_n, num_heads, head_dim]``, e4m3 for e4m3 layouts, else the key dtype.
+            kv_cache: uint8 ``[num_pages, page_bytes]``.
+            weights: fp32 ``[B*next_n, num_heads]`` (query scales folded in by the caller).
+            context_lens: int32 ``[B]`` or ``[B, next_n]``.
+            block_table: int32 ``[B, max_pages]``.
+            max_context_len: columns of the result.
+            clean_logits: write ``-inf`` where a key is not visible.
+        Returns:
+            fp32 ``[B*next_n, max_context_len]``.
+        Raises:
+            RuntimeError: shapes or dtypes do not match the spec, or next_n is not in the spec.
+        """
+        return self._ops.paged_logits(q, kv_cache, weights, context_lens, block_table,
+                                      int(max_context_len), bool(clean_logits))
+
+
+def _register_fake(ns: str) -> None:
+    @torch.library.register_fake(f"{ns}::paged_logits")
+    def _fake(q, kv_cache, weights, context_lens, block_table, max_context_len, clean_logits):
+        return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
+
+
+def load(spec: Spec | str | Path, *, with_cuda: bool | None = None, verbose: bool = False) -> Ops:
+    """Build (or load from the cache) and register the ops of ``spec``.
+
+    Args:
+        spec: a :class:`Spec` or the path of a YAML spec.
+        with_cuda: build the CUDA kernels; default: when a CUDA device that a spec target
+            matches is present.
+    Returns:
+        :class:`Ops` with ``store``, ``paged_logits`` and ``new_cache``.
+    Raises:
+        dsagen.SpecError: bad spec file.  dsagen.jit.BuildError: compilation failed.
+    """
+    if not isinstance(spec, Spec):
+        spec = load_spec(spec)
+    archs = cuda_archs(spec)
+    if with_cuda is None:
+        with_cuda = bool(archs)
+    if with_cuda and not archs:
+        raise RuntimeError(f"{spec.name}: no CUDA device matching targets {list(spec.targets)}")
+    ns = namespace(spec)
+    with _LOCK:
+        key = f"{ns}:{with_cuda}"
+        if key in _LOADED:
+            return _LOADED[key]
+        for k, v in _LOADED.items():
+            if k.startswith(ns + ":"):
+                raise RuntimeError(f"{spec.name} is already loaded with with_cuda={v.has_cuda} in this "
+                                   f"process; a torch.library namespace can be registered once")
+        built = jit.build_extension(ns, render(spec), archs, with_cuda)
+        if not built.loaded:   # a fresh build is loaded by torch's extension builder already
+            torch.ops.load_library(str(built.library))
+        _register_fake(ns)
+        ops = Ops(spec, ns, built.library, with_cuda)
+        _LOADED[key] = ops
+        return ops

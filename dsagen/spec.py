@@ -1,0 +1,326 @@
+"""YAML layout spec -> frozen, validated :class:`Spec`.
+
+A spec describes one indexer key-cache layout (DESIGN.md section 3). Every byte offset that any
+generated kernel, the CPU backend or the PyTorch reference uses comes from :meth:`Spec.layout`,
+four integers of an affine map ``slot -> byte offset``, so the store and the readers agree by
+construction.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .dtypes import KEY_DTYPES, SCALE_DTYPES, DType
+
+ARCHS = ("sm_90a", "sm_100a")
+PLACEMENTS = ("page_tail", "interleaved")
+ROUNDINGS = ("none", "pow2")
+HEAD_DIMS = (32, 64, 128, 256)
+
+
+class SpecError(ValueError):
+    """A spec file is malformed. ``str(err)`` is one line: ``FILE: FIELD: problem``."""
+
+    def __init__(self, source: str, path: str, message: str):
+        self.source = source
+        self.path = path
+        self.message = message
+        super().__init__(f"{source}: {path}: {message}" if path else f"{source}: {message}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Affine byte addressing of a layout, in bytes from the start of ``kv_cache``.
+
+    ``key_offset(slot) = (slot // page_size) * page_stride + (slot % page_size) * key_token_stride``
+    ``scale_offset(slot) = (slot // page_size) * page_stride + scale_base + (slot % page_size) * scale_token_stride``
+    """
+
+    page_size: int
+    page_stride: int
+    key_token_stride: int
+    scale_base: int
+    scale_token_stride: int
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A validated layout spec. Build with :func:`load_spec` or :func:`Spec.from_dict`."""
+
+    name: str
+    description: str
+    head_dim: int
+    page_size: int
+    key_dtype: str
+    scale_dtype: str
+    scale_rounding: str
+    scale_block: int
+    scale_placement: str
+    num_heads: int
+    next_n: tuple[int, ...]
+    targets: tuple[str, ...]
+    page_stride_bytes: int | None = None
+    source: str = field(default="<dict>", compare=False)
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def key(self) -> DType:
+        return KEY_DTYPES[self.key_dtype]
+
+    @property
+    def quantized(self) -> bool:
+        return self.scale_dtype != "none"
+
+    @property
+    def key_bytes_per_token(self) -> int:
+        return self.head_dim * self.key.bits // 8
+
+    @property
+    def scales_per_token(self) -> int:
+        return self.head_dim // self.scale_block if self.quantized else 0
+
+    @property
+    def scale_bytes_per_token(self) -> int:
+        return self.scales_per_token * SCALE_DTYPES[self.scale_dtype]
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.key_bytes_per_token + self.scale_bytes_per_token
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes one page occupies in ``kv_cache`` (its stride, padding included)."""
+        return self.page_stride_bytes or self.page_size * self.bytes_per_token
+
+    @property
+    def layout(self) -> Layout:
+        kb, sb, ps = self.key_bytes_per_token, self.scale_bytes_per_token, self.page_size
+        if self.scale_placement == "page_tail":
+            return Layout(ps, self.page_bytes, kb, ps * kb, sb)
+        # interleaved: each token holds its key bytes then its scales
+        return Layout(ps, self.page_bytes, kb + sb, kb, kb + sb)
+
+    @property
+    def key_align(self) -> int:
+        """Largest power of two (<= 16) dividing every key row's byte offset."""
+        lay = self.layout
+        g = 16
+        while lay.page_stride % g or lay.key_token_stride % g:
+            g //= 2
+        return g
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "name": self.name,
+            "description": self.description,
+            "head_dim": self.head_dim,
+            "page_size": self.page_size,
+            "key": {"dtype": self.key_dtype},
+            "scale": {
+                "dtype": self.scale_dtype,
+                "rounding": self.scale_rounding,
+                "block": self.scale_block,
+                "placement": self.scale_placement,
+            },
+            "logits": {"num_heads": self.num_heads, "next_n": list(self.next_n)},
+            "targets": list(self.targets),
+        }
+        if self.page_stride_bytes is not None:
+            d["page_stride_bytes"] = self.page_stride_bytes
+        return d
+
+    @property
+    def digest(self) -> str:
+        """Short hash of the spec's content (not of its file name or location)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
+
+    def with_(self, **changes: Any) -> "Spec":
+        """A re-validated copy with some fields changed (names as in :meth:`to_dict`, flattened)."""
+        d = self.to_dict()
+        for k, v in changes.items():
+            if k in ("key_dtype",):
+                d["key"]["dtype"] = v
+            elif k.startswith("scale_"):
+                d["scale"][k[len("scale_"):]] = v
+            elif k in ("num_heads", "next_n"):
+                d["logits"][k] = list(v) if k == "next_n" else v
+            else:
+                d[k] = v
+        return Spec.from_dict(d, source=self.source)
+
+    def summary(self) -> str:
+        return f"{self.name}: {self.bytes_per_token} B/token, {self.page_bytes} B/page"
+
+    # ---- parsing -------------------------------------------------------------------------
+    @staticmethod
+    def from_dict(data: Any, source: str = "<dict>") -> "Spec":
+        return _parse(data, source)
+
+
+_SCHEMA: dict[str, Any] = {
+    "name": None,
+    "description": None,
+    "head_dim": None,
+    "page_size": None,
+    "page_stride_bytes": None,
+    "key": {"dtype": None},
+    "scale": {"dtype": None, "rounding": None, "block": None, "placement": None},
+    "logits": {"num_heads": None, "next_n": None},
+    "targets": None,
+}
+_REQUIRED = ("name", "head_dim", "page_size", "key", "key.dtype", "logits", "logits.num_heads",
+             "logits.next_n", "targets")
+
+
+def _check_keys(data: Any, schema: dict, prefix: str, source: str) -> None:
+    if not isinstance(data, dict):
+        raise SpecError(source, prefix or "<top>", f"expected a mapping, got {type(data).__name__}")
+    for k, v in data.items():
+        path = f"{prefix}.{k}" if prefix else str(k)
+        if k not in schema:
+            raise SpecError(source, path, f"unknown key (allowed here: {', '.join(schema)})")
+        if isinstance(schema[k], dict):
+            _check_keys(v, schema[k], path, source)
+
+
+def _get(data: dict, path: str):
+    cur: Any = data
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def _int(source: str, path: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SpecError(source, path, f"expected an integer, got {v!r}")
+    return v
+
+
+def _choice(source: str, path: str, v: Any, allowed) -> str:
+    if v not in allowed:
+        raise SpecError(source, path, f"{v!r} is not one of {', '.join(map(str, allowed))}")
+    return v
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _parse(data: Any, source: str) -> Spec:
+    _check_keys(data, _SCHEMA, "", source)
+    for path in _REQUIRED:
+        if _get(data, path) is None:
+            raise SpecError(source, path, "required field is missing")
+    name = data["name"]
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise SpecError(source, "name", f"{name!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)")
+    description = data.get("description", "") or ""
+    if not isinstance(description, str):
+        raise SpecError(source, "description", "expected a string")
+
+    head_dim = _int(source, "head_dim", data["head_dim"])
+    if head_dim not in HEAD_DIMS:
+        raise SpecError(source, "head_dim", f"{head_dim} is not supported (one of {HEAD_DIMS})")
+    page_size = _int(source, "page_size", data["page_size"])
+    if not (_pow2(page_size) and page_size <= 256):
+        raise SpecError(source, "page_size", f"{page_size} is not a power of two in [1, 256]")
+
+    key_dtype = _choice(source, "key.dtype", _get(data, "key.dtype"), tuple(KEY_DTYPES))
+    key = KEY_DTYPES[key_dtype]
+    quant_default = "fp32" if key.max_value else "none"
+    scale_dtype = _choice(source, "scale.dtype", _get(data, "scale.dtype") or quant_default,
+                          tuple(SCALE_DTYPES))
+    rounding = _choice(source, "scale.rounding", _get(data, "scale.rounding") or "none", ROUNDINGS)
+    placement = _choice(source, "scale.placement", _get(data, "scale.placement") or "page_tail",
+                        PLACEMENTS)
+    block_v = _get(data, "scale.block")
+    block = head_dim if block_v is None else _int(source, "scale.block", block_v)
+
+    if key.max_value and scale_dtype == "none":
+        raise SpecError(source, "scale.dtype", f"key.dtype {key_dtype} is quantized and needs a scale")
+    if not key.max_value and scale_dtype != "none":
+        raise SpecError(source, "scale.dtype",
+                        f"key.dtype {key_dtype} is stored unscaled; scale.dtype must be none")
+    if scale_dtype == "none" and rounding != "none":
+        raise SpecError(source, "scale.rounding", "rounding needs a scale (scale.dtype is none)")
+    if scale_dtype != "none":
+        if block <= 0 or head_dim % block:
+            raise SpecError(source, "scale.block", f"{block} does not divide head_dim {head_dim}")
+        if block != head_dim:
+            raise SpecError(source, "scale.block",
+                            f"{block}: only one scale per token (block == head_dim) is supported so far")
+
+    num_heads = _int(source, "logits.num_heads", _get(data, "logits.num_heads"))
+    if not 8 <= num_heads <= 128 or num_heads % 8:
+        raise SpecError(source, "logits.num_heads", f"{num_heads} is not a multiple of 8 in [8, 128]")
+    next_n_v = _get(data, "logits.next_n")
+    if isinstance(next_n_v, int) and not isinstance(next_n_v, bool):
+        next_n_v = [next_n_v]
+    if not isinstance(next_n_v, list) or not next_n_v:
+        raise SpecError(source, "logits.next_n", "expected a non-empty list of integers")
+    next_n = tuple(sorted({_int(source, "logits.next_n", n) for n in next_n_v}))
+    if any(not 1 <= n <= 4 for n in next_n):
+        raise SpecError(source, "logits.next_n", f"{list(next_n)}: each must be in [1, 4]")
+
+    targets_v = data["targets"]
+    if isinstance(targets_v, str):
+        targets_v = [targets_v]
+    if not isinstance(targets_v, list) or not targets_v:
+        raise SpecError(source, "targets", "expected a non-empty list")
+    for t in targets_v:
+        if t in ("sm_90", "sm_100"):
+            raise SpecError(source, "targets",
+                            f"{t!r}: use {t}a (the kernels need the arch-specific 'a' features)")
+        _choice(source, "targets", t, ARCHS)
+    targets = tuple(dict.fromkeys(targets_v))
+
+    bpt = head_dim * key.bits // 8 + (head_dim // block) * SCALE_DTYPES[scale_dtype]
+    stride_v = data.get("page_stride_bytes")
+    stride = None
+    if stride_v is not None:
+        stride = _int(source, "page_stride_bytes", stride_v)
+        if stride < page_size * bpt or stride % 16:
+            raise SpecError(source, "page_stride_bytes",
+                            f"{stride} must be a multiple of 16 and >= page_size * bytes_per_token "
+                            f"= {page_size * bpt}")
+    return Spec(name=name, description=description.strip(), head_dim=head_dim, page_size=page_size,
+                key_dtype=key_dtype, scale_dtype=scale_dtype, scale_rounding=rounding,
+                scale_block=block, scale_placement=placement, num_heads=num_heads, next_n=next_n,
+                targets=targets, page_stride_bytes=stride, source=source)
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a YAML layout spec.
+
+    Args:
+        path: a ``.yaml`` file (see ``specs/`` and the README for the format).
+    Returns:
+        a frozen :class:`Spec`.
+    Raises:
+        SpecError: the file is missing, is not YAML, has an unknown key or an impossible value;
+            the message names the file and the YAML path of the field.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SpecError(str(path), "", f"cannot read: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(str(path), "", f"not valid YAML: {str(e).splitlines()[0]}") from None
+    return _parse(data, str(path))
+
+
+def shipped_spec_paths() -> list[Path]:
+    """The YAML files in the repository's ``specs/`` folder."""
+    root = Path(__file__).resolve().parent.parent / "specs"
+    return sorted(root.glob("*.yaml"))

@@ -1,0 +1,215 @@
+"""Check generated ops against :mod:`dsagen.reference` over a sweep of shapes.
+
+Inputs are fresh random draws (never zeros); outputs are poisoned before the kernel writes them;
+the block table is a random permutation of pages; context lengths are not page multiples.
+
+* store: the whole ``kv_cache`` after the op must equal, byte for byte, the reference's.
+* paged_logits: the ``-inf`` masks must be equal, no NaN may be left (so every element was
+  written), and the relative L2 error of the valid entries against the reference computed in
+  float64 from the same quantized q and keys must be below 1e-4. DeepGEMM's ``calc_diff`` is
+  reported too.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from . import reference as R
+from .spec import Spec
+
+REL_L2_TOL = 1e-4
+
+
+@dataclass
+class Row:
+    op: str
+    backend: str
+    shape: str
+    rel_l2: float = 0.0
+    calc_diff: float = 0.0
+    masks_equal: bool = True
+    all_written: bool = True
+    bytes_equal: bool = True
+    deterministic: bool = True
+    passed: bool = True
+    note: str = ""
+
+
+@dataclass
+class Report:
+    spec: str
+    backend: str
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rows) and all(r.passed for r in self.rows)
+
+    def table(self) -> str:
+        lines = [f"{'op':<13}{'shape':<46}{'rel_l2':>10}{'calc_diff':>11}  masks  written  bytes  result"]
+        for r in self.rows:
+            lines.append(
+                f"{r.op:<13}{r.shape:<46}{r.rel_l2:>10.2e}{r.calc_diff:>11.2e}  "
+                f"{'equal' if r.masks_equal else 'DIFF':<7}{'all' if r.all_written else 'NO':<9}"
+                f"{('equal' if r.bytes_equal else 'DIFF') if r.op == 'store' else '-':<7}"
+                f"{'ok' if r.passed else 'FAIL'}{(' ' + r.note) if r.note else ''}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec, "backend": self.backend, "passed": self.passed,
+                "rows": [asdict(r) for r in self.rows]}
+
+
+def random_keys(n: int, head_dim: int, gen: torch.Generator, device, dtype=torch.bfloat16) -> torch.Tensor:
+    """Keys with heavy-ish per-token magnitudes (so scales differ between tokens)."""
+    k = torch.randn(n, head_dim, generator=gen, dtype=torch.float32)
+    k = k * torch.exp(torch.randn(n, 1, generator=gen)) * 2.0
+    return k.to(device=device, dtype=dtype)
+
+
+def random_q(spec: Spec, B: int, next_n: int, gen: torch.Generator, device) -> torch.Tensor:
+    q = torch.randn(B, next_n, spec.num_heads, spec.head_dim, generator=gen)
+    if spec.key_dtype == "e4m3":
+        q = q * 8.0
+    return q.to(device=device, dtype=spec.key.torch_dtype)
+
+
+def make_cache(spec: Spec, context_lens: list[int], gen: torch.Generator, device,
+               extra_pages: int = 3):
+    """A filled cache and a random-permutation block table for requests of these lengths.
+
+    Returns ``(kv_cache, block_table int32 [B, max_pages])``. Every slot holds a stored random
+    key (reference store); page padding bytes, if any, are random.
+    """
+    ps = spec.page_size
+    pages_per = [max(1, math.ceil(c / ps)) for c in context_lens]
+    max_pages = max(pages_per)
+    num_pages = sum(pages_per) + extra_pages
+    perm = torch.randperm(num_pages, generator=gen)
+    bt = torch.empty(len(context_lens), max_pages, dtype=torch.int32)
+    pos = 0
+    for b, n in enumerate(pages_per):
+        bt[b, :n] = perm[pos:pos + n].to(torch.int32)
+        pos += n
+        if n < max_pages:   # unused columns point at real pages, as a serving stack's would
+            bt[b, n:] = torch.randint(0, num_pages, (max_pages - n,), generator=gen, dtype=torch.int32)
+    cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=gen, dtype=torch.uint8)
+    slots = torch.arange(num_pages * ps, dtype=torch.int64)
+    R.store(random_keys(len(slots), spec.head_dim, gen, "cpu"), cache, slots, spec)
+    return cache.to(device), bt.to(device)
+
+
+def _poisoned_alloc(shape, device):
+    """Fill the allocator's next block of this size with NaN so that unwritten outputs show."""
+    t = torch.full(shape, float("nan"), dtype=torch.float32, device=device)
+    del t
+
+
+def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generator, device,
+                 ctx_2d: bool = False, clean_logits: bool = True, reruns: int = 1,
+                 max_context_len: int | None = None) -> Row:
+    """One paged-logits case; see the module docstring for what is checked."""
+    B = len(context_lens)
+    cache, bt = make_cache(spec, [int(c) for c in (context_lens if not ctx_2d else [max(c) for c in context_lens])],
+                           gen, device)
+    cl = torch.tensor(context_lens, dtype=torch.int32, device=device)
+    max_len = int(max_context_len if max_context_len is not None else cl.max().item())
+    q = random_q(spec, B, next_n, gen, device)
+    w = torch.randn(B * next_n, spec.num_heads, generator=gen).to(device)
+    _poisoned_alloc((B * next_n, max_len), device)
+    out = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits)
+    ref = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64)
+    valid = torch.isfinite(ref)
+    row = Row("paged_logits", "", f"B={B} next_n={next_n} ctx={_ctx_str(context_lens)}"
+              + (" 2d" if ctx_2d else "") + ("" if clean_logits else " unclean"))
+    o = out.double()
+    if clean_logits:
+        row.masks_equal = bool(torch.equal(torch.isneginf(o), ~valid))
+        row.all_written = not bool(torch.isnan(o).any())
+    else:
+        row.all_written = not bool(torch.isnan(o[valid]).any())
+    d, r = o[valid], ref[valid]
+    if d.numel():
+        den = float(torch.linalg.vector_norm(r))
+        row.rel_l2 = float(torch.linalg.vector_norm(d - r)) / (den if den > 0 else 1.0)
+        row.calc_diff = R.calc_diff(d, r)
+    if math.isnan(row.rel_l2):
+        row.rel_l2 = float("inf")
+    for _ in range(reruns - 1):
+        again = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits)
+        if not torch.equal(again, out) and not (clean_logits is False):
+            row.deterministic = False
+    row.passed = (row.masks_equal and row.all_written and row.rel_l2 < REL_L2_TOL
+                  and row.deterministic)
+    return row
+
+
+def check_store(ops, spec: Spec, n: int, gen: torch.Generator, device, k_dtype=torch.bfloat16) -> Row:
+    """Store ``n`` random keys at random distinct slots; the whole cache must equal the reference's."""
+    num_pages = math.ceil(2 * n / spec.page_size) + 1
+    cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=gen, dtype=torch.uint8)
+    loc = torch.randperm(num_pages * spec.page_size, generator=gen)[:n].to(torch.int64)
+    k = random_keys(n, spec.head_dim, gen, "cpu", dtype=k_dtype)
+    ref = cache.clone()
+    R.store(k, ref, loc, spec)
+    got = cache.to(device)
+    ops.store(k.to(device), got, loc.to(device))
+    row = Row("store", "", f"N={n} k={str(k_dtype).replace('torch.', '')}")
+    got = got.cpu()
+    row.bytes_equal = bool(torch.equal(got, ref))
+    if not row.bytes_equal:
+        row.note = f"{int((got != ref).sum())} bytes differ"
+    row.passed = row.bytes_equal
+    return row
+
+
+def _ctx_str(c) -> str:
+    s = str(list(c) if not isinstance(c, list) else c).replace(" ", "")
+    return s if len(s) <= 30 else s[:27] + "..."
+
+
+def default_cases(device: str, gen: torch.Generator):
+    """(context_lens, ctx_2d) cases: B in {1, 3, 64}, lengths that are not page multiples, and a
+    long one (>= 32768) on the GPU."""
+    g = lambda n, hi: torch.randint(1, hi + 1, (n,), generator=gen).tolist()  # noqa: E731
+    cases = [([1], False), ([63, 65, 130], False), ([4097, 1, 130], False),
+             ([65, 130, 63], True),
+             ([1, 63, 65, 130, 4097] + g(59, 4097), False)]
+    if device != "cpu":
+        cases.append(([32768 + 17, 40000], False))
+        cases.append((g(3, 65536), False))
+    return cases
+
+
+def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = False,
+           reruns: int = 2) -> Report:
+    """Run the verification sweep of ``spec``'s ops on ``device`` ("cpu" or "cuda").
+
+    Returns a :class:`Report`; ``report.passed`` is the verdict.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    rep = Report(spec.name, device)
+    for n, kd in ((1, torch.bfloat16), (3, torch.float32), (128, torch.bfloat16), (4097, torch.bfloat16)):
+        if quick and n > 128:
+            continue
+        row = check_store(ops, spec, n, gen, device, kd)
+        row.backend = device
+        rep.rows.append(row)
+    cases = default_cases(device, gen)
+    if quick:
+        cases = cases[:3]
+    for next_n in spec.next_n:
+        for ctx, two_d in cases:
+            if two_d:
+                # 2-D lengths: each row its own length, around the 1-D case
+                ctx = [[max(1, c - d) for d in range(next_n)] for c in ctx]
+            row = check_logits(ops, spec, ctx, next_n, gen, device, ctx_2d=two_d, reruns=reruns)
+            row.backend = device
+            rep.rows.append(row)
+        row = check_logits(ops, spec, [130, 65], next_n, gen, device, clean_logits=False,
+                           max_context_len=150)
+        row.backend = device
+        rep.rows.append(row)
+    return rep
