@@ -1,0 +1,200 @@
+"""CPU checks of the pure parts of ``dsagen bench`` (shapes, byte counts, inputs, table, rows).
+
+The GPU timing itself needs a CUDA device; here :class:`dsagen.bench.Bench` runs with a host timer
+and ops backed by the PyTorch reference.
+"""
+import json
+
+import pytest
+import torch
+
+from dsagen import bench as Bn
+from dsagen import reference as R
+from dsagen.spec import load_spec, shipped_spec_paths
+
+SPECS = {p.stem: load_spec(p) for p in shipped_spec_paths()}
+FP8 = SPECS["fp8_e4m3_page64"]
+BF16 = SPECS["bf16_page64"]
+
+
+class RefOps:
+    """Stand-in for ``dsagen.load(spec)``: the reference implementations."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def store(self, k, kv_cache, loc):
+        R.store(k, kv_cache, loc, self.spec)
+
+    def paged_logits(self, q, kv_cache, weights, context_lens, block_table, max_context_len,
+                     clean_logits=True):
+        return R.paged_logits(q, kv_cache, weights, context_lens, block_table, max_context_len,
+                              clean_logits, self.spec)
+
+
+def test_default_shapes():
+    full = Bn.default_shapes(FP8)
+    logits = [s for s in full if s.op == "paged_logits"]
+    stores = [s for s in full if s.op == "store"]
+    assert len(logits) == 2 * (2 * 3 + 1)
+    assert {(s.B, s.next_n, s.ctx) for s in logits} >= {(32, 1, 8192), (128, 2, 65536), (128, 1, "mixed")}
+    assert [s.N for s in stores] == [1, 128, 16384, 65536]
+    only1 = Bn.default_shapes(FP8.with_(next_n=[1]))
+    assert all(s.next_n in (None, 1) for s in only1)
+    quick = Bn.default_shapes(FP8, quick=True)
+    assert [(s.op, s.B, s.next_n, s.ctx, s.N) for s in quick] == [
+        ("paged_logits", 32, 1, 8192, None), ("store", None, None, None, 128),
+        ("store", None, None, None, 65536)]
+    assert Bn.default_shapes(FP8.with_(next_n=[2]), quick=True)[0].next_n == 2
+
+
+def test_mixed_context_lens_are_seeded():
+    s = Bn.Shape("paged_logits", B=128, next_n=1, ctx="mixed")
+    a, b = Bn.context_lens_for(s), Bn.context_lens_for(s)
+    assert a == b and len(a) == 128
+    assert 1 <= min(a) and max(a) <= 65536 and len(set(a)) > 100
+    assert Bn.context_lens_for(Bn.Shape("paged_logits", B=3, next_n=1, ctx=100)) == [100] * 3
+
+
+def test_byte_counts():
+    # fp8 page-tail: 132 B/token; q e4m3 (1 B), weights and logits fp32
+    assert FP8.bytes_per_token == 132 and BF16.bytes_per_token == 256
+    B, nn, ctx = 32, 1, 8192
+    want = B * ctx * 132 + B * nn * 64 * 128 * 1 + B * nn * 64 * 4 + B * nn * ctx * 4
+    assert Bn.paged_logits_bytes(FP8, B, nn, B * ctx, ctx) == want == 35_921_920
+    # bf16: q is bf16 (2 B)
+    B, nn, ctx = 128, 2, 65536
+    want = B * ctx * 256 + B * nn * 64 * 128 * 2 + B * nn * 64 * 4 + B * nn * ctx * 4
+    assert Bn.paged_logits_bytes(BF16, B, nn, B * ctx, ctx) == want
+    # mixed: keys by the sum of lengths, logits by the max
+    assert Bn.paged_logits_bytes(FP8, 2, 1, 100 + 7, 100) == 107 * 132 + 2 * 64 * 128 + 2 * 64 * 4 + 2 * 100 * 4
+    assert Bn.store_bytes(FP8, 128) == 128 * 256 + 128 * 132 + 128 * 8
+    assert Bn.store_bytes(BF16, 1) == 256 + 256 + 8
+
+
+def test_num_sets_and_fallback_estimate():
+    assert Bn.num_sets(10**9) == 4
+    assert Bn.num_sets(35_000_000) == 8                     # 8 * 35 MB > 256 MB
+    assert Bn.num_sets(1000) == Bn.MAX_SETS
+    assert Bn.num_sets(35_000_000) * 35_000_000 > Bn.L2_TARGET_BYTES
+    # the largest default shape's fallback still fits the 40 GB cap (so it is timed)
+    for spec in (FP8, BF16):
+        est = Bn.fallback_peak_bytes(spec, 128, 2, 65536)
+        assert 10e9 < est < Bn.FALLBACK_MAX_BYTES
+
+
+def test_deepgemm_applies():
+    assert Bn.deepgemm_applies(FP8)
+    assert not Bn.deepgemm_applies(BF16)
+    assert not Bn.deepgemm_applies(FP8.with_(scale_placement="interleaved"))
+    assert not Bn.deepgemm_applies(FP8.with_(page_size=32))
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_make_logits_inputs_cpu(name):
+    spec = SPECS[name]
+    lens = [100, 1, 64, 300]
+    inp = Bn.make_logits_inputs(spec, RefOps(spec).store, lens, 2, seed=5, device="cpu",
+                                chunk_tokens=100)
+    B = len(lens)
+    assert inp["q"].shape == (B, 2, spec.num_heads, spec.head_dim)
+    assert inp["q"].dtype == spec.key.torch_dtype
+    assert inp["weights"].shape == (B * 2, spec.num_heads) and inp["weights"].dtype == torch.float32
+    assert inp["context_lens"].dtype == torch.int32 and inp["context_lens"].tolist() == lens
+    bt = inp["block_table"]
+    assert bt.dtype == torch.int32 and bt.shape[0] == B and bt.shape[1] % 32 == 0
+    pages = [2, 1, 1, 5]
+    used = torch.cat([bt[b, :n] for b, n in enumerate(pages)])
+    assert sorted(used.tolist()) == list(range(sum(pages)))      # a permutation of the pages
+    assert int(bt.min()) >= 0 and int(bt.max()) < sum(pages)
+    cache = inp["kv_cache"]
+    assert cache.shape == (sum(pages), spec.page_bytes) and cache.dtype == torch.uint8
+    assert inp["max_context_len"] == 300 and inp["sum_context_lens"] == sum(lens)
+    # every slot holds a stored random key: finite, not zero, positive scales
+    slots = torch.arange(sum(pages) * spec.page_size)
+    k = R.dequantize(cache, slots, spec)
+    assert torch.isfinite(k).all() and (k.abs().amax(1) > 0).all()
+    kq, sc = R.read_tokens(cache, slots, spec)
+    if sc is not None:
+        assert (sc > 0).all()
+    assert float(inp["q"].float().abs().max()) > 0
+    # a different seed gives different data
+    other = Bn.make_logits_inputs(spec, RefOps(spec).store, lens, 2, seed=6, device="cpu")
+    assert not torch.equal(other["kv_cache"], cache)
+
+
+def test_make_store_inputs_cpu():
+    inp = Bn.make_store_inputs(FP8, 100, seed=1, device="cpu")
+    assert inp["k"].shape == (100, 128) and inp["k"].dtype == torch.bfloat16
+    assert inp["loc"].dtype == torch.int64 and len(set(inp["loc"].tolist())) == 100
+    assert int(inp["loc"].max()) < inp["kv_cache"].shape[0] * 64
+
+
+def test_bench_rows_cpu():
+    """The whole row pipeline with a host timer and reference ops on tiny shapes."""
+    logs = []
+    b = Bn.Bench("cpu", Bn.HostTimer(), copy_GBps=100.0, runs=3, warmup=1, fallback_runs=2,
+                 reruns=2, l2_target=1, max_sets=4, log=logs.append)
+    rows = []
+    for spec in (FP8, BF16):
+        ops = RefOps(spec)
+        for shape in (Bn.Shape("paged_logits", B=2, next_n=2, ctx=130),
+                      Bn.Shape("store", N=5)):
+            rows.append(b.bench(ops, spec, shape))
+    assert logs and all(r["error"] is None for r in rows), [r["error"] for r in rows]
+    json.dumps(rows)                                       # serialisable
+    for r in rows:
+        spec = SPECS[r["spec"]]
+        assert r["us"] > 0 and r["runs"] == 3 and r["n_sets"] == 4
+        if r["op"] == "paged_logits":
+            assert r["bytes"] == Bn.paged_logits_bytes(spec, 2, 2, 260, 130)
+            assert r["bitwise_20_reruns"] is True
+            assert r["fallback_us"] > 0 and r["speedup_vs_fallback"] > 0
+            assert r["fallback_calc_diff"] is not None and r["fallback_calc_diff"] < 1e-3
+        else:
+            assert r["bytes"] == Bn.store_bytes(spec, 5)
+            assert r["bitwise_20_reruns"] is None
+        assert r["GBps"] == pytest.approx(r["bytes"] / r["us"] / 1e3, rel=0.01, abs=0.1)
+        # copy bandwidth 100 GB/s: the percentage equals the GB/s figure
+        assert r["pct_copy_bw"] == pytest.approx(r["bytes"] / r["us"] / 1e3, rel=0.01, abs=0.01)
+        assert r["deepgemm_us"] is None
+    # an unsupported next_n becomes an error row, not an exception
+    bad = b.bench(RefOps(FP8), FP8.with_(next_n=[1]), Bn.Shape("paged_logits", B=1, next_n=2, ctx=10))
+    assert bad["error"] and "next_n" in bad["error"]
+
+
+def test_table_formatting():
+    rows = [
+        {"op": "meta", "card": "x"},
+        {"spec": "fp8_e4m3_page64", "op": "paged_logits", "B": 128, "next_n": 2, "ctx": "mixed",
+         "N": None, "us": 512.345, "GBps": 3800.2, "pct_copy_bw": 90.48, "fallback_us": 12345.6,
+         "speedup_vs_fallback": 24.1, "deepgemm_us": 600.0, "deepgemm_pct_copy_bw": 77.2,
+         "speedup_vs_deepgemm": 1.17, "bitwise_20_reruns": True},
+        {"spec": "bf16_page64", "op": "store", "B": None, "next_n": None, "ctx": None, "N": 65536,
+         "us": 9.87, "GBps": 1200.0, "pct_copy_bw": 28.6, "fallback_us": None,
+         "speedup_vs_fallback": None, "deepgemm_us": None, "bitwise_20_reruns": None},
+        {"spec": "bf16_page64", "op": "paged_logits", "B": 32, "next_n": 1, "ctx": 8192,
+         "bitwise_20_reruns": False, "error": "RuntimeError: boom"},
+    ]
+    head = Bn.format_header()
+    lines = [Bn.format_row(r) for r in rows[1:]]
+    assert head.split() == ["spec", "op", "B", "nn", "ctx/N", "us", "GB/s", "%copy", "fallback_us",
+                            "x_fb", "deepgemm_us", "dg%copy", "x_dg", "bitwise"]
+    assert len(lines[0]) == len(head)                       # aligned columns
+    assert lines[0].split() == ["fp8_e4m3_page64", "paged_logits", "128", "2", "mixed", "512.3",
+                                "3800", "90.5", "12345.6", "24.1", "600.0", "77.2", "1.17", "yes"]
+    assert lines[1].split()[:8] == ["bf16_page64", "store", "-", "-", "65536", "9.9", "1200", "28.6"]
+    assert lines[1].split()[-1] == "-"
+    assert lines[2].endswith("ERROR: RuntimeError: boom") and " NO " in lines[2]
+    # the right edge of every numeric column lines up with its title
+    for title in ("us", "GB/s", "%copy", "bitwise"):
+        end = head.index(title) + len(title)
+        assert lines[0][end - 1] != " "
+    table = Bn.format_table(rows)
+    assert table.splitlines()[0] == head and len(table.splitlines()) == 4
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_run_needs_cuda():
+    with pytest.raises(RuntimeError, match="dsagen bench needs a CUDA device"):
+        Bn.run([FP8], quick=True)
