@@ -1,0 +1,90 @@
+"""`dsagen compile / render / verify` end to end (in process, through click's CliRunner).
+
+`dsagen compile` writes generated/<name>/; these tests point that folder at a temporary one so
+that they never rewrite the committed golden copies (test_golden.py checks those).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import dsagen.codegen
+from dsagen.cli import main
+
+from conftest import REPO
+
+FP8 = "specs/fp8_e4m3_page64.yaml"
+
+
+@pytest.fixture
+def generated_tmp(tmp_path, monkeypatch):
+    d = tmp_path / "generated"
+    monkeypatch.setattr(dsagen.codegen, "GENERATED_DIR", d)
+    monkeypatch.chdir(REPO)
+    return d
+
+
+def _run(*args):
+    return CliRunner().invoke(main, list(map(str, args)), catch_exceptions=False)
+
+
+@pytest.mark.nvcc
+def test_compile_fp8(generated_tmp, nvcc, tmp_path):
+    js = tmp_path / "report.json"
+    r = _run("compile", FP8, "--json", js)
+    out = r.output
+    assert r.exit_code == 0, out
+    assert "[fp8_e4m3_page64] cpu: PASSED" in out
+    assert "FAILED" not in out and "COMPILE FAILED" not in out
+    for arch in ("sm_90a", "sm_100a"):
+        for src in ("store.cu", "paged_logits.cu"):
+            assert f"{src} {arch}: compiled" in out, out
+    assert "compiled but NOT run" in out and "'sm_90a', 'sm_100a'" in out
+    assert out.rstrip().endswith("dsagen compile: all verified")
+    rows = json.loads(js.read_text())
+    assert [(x["spec"], x["backend"], x["passed"]) for x in rows] == [("fp8_e4m3_page64", "cpu", True)]
+    # the sources it rendered are the committed ones
+    for f in (REPO / "generated" / "fp8_e4m3_page64").iterdir():
+        assert (generated_tmp / "fp8_e4m3_page64" / f.name).read_text() == f.read_text(), f.name
+
+
+def test_compile_bad_spec(generated_tmp, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((REPO / FP8).read_text().replace("page_size: 64", "page_size: 48"))
+    r = _run("compile", "--no-nvcc", bad)
+    assert r.exit_code == 2
+    assert r.output.strip() == f"Error: {bad}: page_size: 48 is not a power of two in [1, 256]"
+    assert not generated_tmp.exists(), "nothing may be rendered for a bad spec"
+
+
+def test_compile_missing_spec(generated_tmp, tmp_path):
+    r = _run("compile", tmp_path / "nope.yaml")
+    assert r.exit_code == 2 and r.output.startswith(f"Error: {tmp_path / 'nope.yaml'}: ")
+
+
+def test_render_out(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    r = _run("render", "specs/fp8_e4m3_page64.yaml", "specs/bf16_page64.yaml", "--out", tmp_path)
+    assert r.exit_code == 0, r.output
+    for name in ("fp8_e4m3_page64", "bf16_page64"):
+        golden = sorted((REPO / "generated" / name).iterdir())
+        assert [p.name for p in golden] == sorted(p.name for p in (tmp_path / name).iterdir())
+        for p in golden:
+            assert (tmp_path / name / p.name).read_text() == p.read_text()
+
+
+def test_verify_cpu_cli(monkeypatch):
+    monkeypatch.chdir(REPO)
+    r = _run("verify", "--device", "cpu", "specs/bf16_page64.yaml")
+    assert r.exit_code == 0, r.output
+    assert "[bf16_page64] cpu: PASSED" in r.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-device message")
+def test_verify_cuda_without_device(monkeypatch):
+    monkeypatch.chdir(REPO)
+    r = _run("verify", "--device", "cuda", "specs/bf16_page64.yaml")
+    assert r.exit_code == 2 and "no CUDA device" in r.output

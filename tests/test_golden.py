@@ -1,0 +1,69 @@
+"""generated/<name>/ must be exactly what the templates render for each shipped spec."""
+from __future__ import annotations
+
+import difflib
+import os
+
+import pytest
+
+import dsagen
+from dsagen.codegen import CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, render, write_generated
+
+from conftest import REPO, SPECS
+
+FIX = "run `dsagen render specs/*.yaml` and commit generated/"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_generated_matches_render(name):
+    spec = dsagen.load_spec(SPECS[name])
+    fresh = render(spec)
+    d = REPO / "generated" / spec.name
+    assert d.is_dir(), f"generated/{spec.name}/ is missing: {FIX}"
+    on_disk = {p.name for p in d.iterdir() if p.is_file()}
+    assert on_disk == set(fresh), (
+        f"generated/{spec.name}/ has extra {sorted(on_disk - set(fresh))} and lacks "
+        f"{sorted(set(fresh) - on_disk)}: {FIX}")
+    for fname, text in fresh.items():
+        old = (d / fname).read_text()
+        if old != text:
+            diff = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
+                                                f"generated/{spec.name}/{fname}", "render", n=1))
+            pytest.fail(f"generated/{spec.name}/{fname} differs from a fresh render: {FIX}\n"
+                        + diff[:4000])
+
+
+def test_no_stale_generated_folders():
+    stale = sorted(p.name for p in (REPO / "generated").iterdir()
+                   if p.is_dir() and p.name not in SPECS)
+    assert not stale, f"generated/ has folders of no shipped spec: {stale}"
+
+
+def test_render_is_deterministic_and_complete(shipped, variant_spec):
+    for spec in [*shipped.values(), variant_spec]:
+        a, b = render(spec), render(spec)
+        assert a == b
+        assert set(a) == set(HEADERS + CPU_SOURCES + CUDA_SOURCES)
+        for fname, text in a.items():
+            assert text.strip() and text.endswith("\n")
+            assert str(REPO) not in text, f"{fname} holds an absolute path"
+            assert spec.name in text
+
+
+def test_generated_dir_is_the_repo_one():
+    assert GENERATED_DIR == REPO / "generated"
+
+
+def test_write_generated_only_touches_changed_files(tmp_path, shipped):
+    spec = shipped["fp8_e4m3_page64"]
+    fresh = render(spec)
+    d = write_generated(spec, tmp_path)
+    files = sorted(d.iterdir())
+    assert [p.name for p in files] == sorted(fresh)
+    (d / "store.cu").write_text("stale")
+    for p in files:
+        os.utime(p, ns=(1, 1))
+    write_generated(spec, tmp_path)
+    for p in files:
+        assert p.read_text() == fresh[p.name]
+        assert (p.stat().st_mtime_ns != 1) == (p.name == "store.cu"), f"{p.name} rewritten needlessly"

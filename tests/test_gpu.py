@@ -1,0 +1,134 @@
+"""The generated CUDA kernels, on a device that one of the spec's targets matches.
+
+Skipped without CUDA (torch.cuda.is_available()) or when the device matches no target.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsagen import reference as R
+from dsagen.verify import make_cache, random_keys, random_q, verify
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+
+def rel_err(x, ref) -> float:
+    x, ref = x.double(), ref.double()
+    den = float(torch.linalg.vector_norm(ref))
+    return float(torch.linalg.vector_norm(x - ref)) / (den or 1.0)
+
+
+@pytest.fixture
+def cuda_ops(dsagen_spec, dsagen_ops):
+    from dsagen.ops import cuda_archs
+    if not cuda_archs(dsagen_spec):
+        cap = "sm_%d%d" % torch.cuda.get_device_capability()
+        pytest.skip(f"device {cap} matches none of the targets {list(dsagen_spec.targets)}")
+    assert dsagen_ops.has_cuda
+    return dsagen_ops
+
+
+def _inputs(spec, lens, next_n, gen, two_d=False):
+    cache, bt = make_cache(spec, lens, gen, "cuda")
+    B = len(lens)
+    q = random_q(spec, B, next_n, gen, "cuda")
+    w = torch.randn(B * next_n, spec.num_heads, generator=gen).cuda()
+    if two_d:
+        cl = torch.tensor([[max(1, c - d) for d in range(next_n)][::-1] for c in lens], dtype=torch.int32)
+    else:
+        cl = torch.tensor(lens, dtype=torch.int32)
+    return q, cache, w, cl.cuda(), bt
+
+
+def test_verify_cuda(dsagen_spec, cuda_ops, seed, repro):
+    rep = verify(dsagen_spec, cuda_ops, "cuda", seed=seed, quick=False, reruns=3)
+    assert rep.passed, f"{repro}\n{rep.table()}"
+
+
+@pytest.mark.parametrize("k_dtype", [torch.bfloat16, torch.float32, torch.float16], ids=str)
+def test_cuda_store_equals_cpu_store(dsagen_spec, cuda_ops, gen, repro, k_dtype):
+    spec = dsagen_spec
+    n = 5000
+    num_pages = 2 * n // spec.page_size + 2
+    cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=gen, dtype=torch.uint8)
+    loc = torch.randperm(num_pages * spec.page_size, generator=gen)[:n]
+    k = random_keys(n, spec.head_dim, gen, "cpu", dtype=k_dtype)
+    on_cpu = cache.clone()
+    cuda_ops.store(k, on_cpu, loc)
+    on_gpu = cache.cuda()
+    cuda_ops.store(k.cuda(), on_gpu, loc.cuda())
+    torch.cuda.synchronize()
+    got = on_gpu.cpu()
+    assert torch.equal(got, on_cpu), f"{int((got != on_cpu).sum())} bytes differ {repro}"
+
+
+@pytest.mark.parametrize("two_d", [False, True], ids=["ctx1d", "ctx2d"])
+def test_bitwise_identical_reruns_and_close_to_cpu(dsagen_spec, cuda_ops, gen, repro, two_d):
+    spec = dsagen_spec
+    lens = [1, 63, 65, 4097, 9000] + torch.randint(1, 6000, (27,), generator=gen).tolist()
+    for next_n in spec.next_n:
+        q, cache, w, cl, bt = _inputs(spec, lens, next_n, gen, two_d)
+        max_len = max(lens)
+        first = cuda_ops.paged_logits(q, cache, w, cl, bt, max_len)
+        torch.cuda.synchronize()
+        for i in range(20):
+            again = cuda_ops.paged_logits(q, cache, w, cl, bt, max_len)
+            assert torch.equal(again, first), f"rerun {i} differs (next_n={next_n}) {repro}"
+        cpu = cuda_ops.paged_logits(q.cpu(), cache.cpu(), w.cpu(), cl.cpu(), bt.cpu(), max_len)
+        first = first.cpu()
+        assert torch.equal(torch.isneginf(first), torch.isneginf(cpu)), repro
+        v = torch.isfinite(cpu)
+        assert rel_err(first[v], cpu[v]) < 1e-5, repro
+
+
+def test_store_is_deterministic(dsagen_spec, cuda_ops, gen):
+    spec = dsagen_spec
+    n = 4096
+    cache = torch.randint(0, 256, (n // spec.page_size + 1, spec.page_bytes), generator=gen,
+                          dtype=torch.uint8).cuda()
+    loc = torch.randperm(n, generator=gen).cuda()
+    k = random_keys(n, spec.head_dim, gen, "cuda")
+    first = cache.clone()
+    cuda_ops.store(k, first, loc)
+    for _ in range(20):
+        again = cache.clone()
+        cuda_ops.store(k, again, loc)
+        assert torch.equal(again, first)
+
+
+def test_cuda_graph_capture(dsagen_spec, cuda_ops, gen, repro):
+    """The ops launch on torch's current stream with no host sync, so they can be captured."""
+    spec, ops = dsagen_spec, cuda_ops
+    next_n = spec.next_n[-1]
+    lens = [700, 65, 1]
+    q, cache, w, cl, bt = _inputs(spec, lens, next_n, gen)
+    k = random_keys(50, spec.head_dim, gen, "cuda")
+    loc = torch.randperm(cache.shape[0] * spec.page_size, generator=gen)[:50].cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):          # warm up outside the capture
+        ops.paged_logits(q, cache, w, cl, bt, 700)
+        ops.store(k, cache.clone(), loc)
+    torch.cuda.current_stream().wait_stream(side)
+    target = cache.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ops.paged_logits(q, cache, w, cl, bt, 700)
+        ops.store(k, target, loc)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ops.paged_logits(q, cache, w, cl, bt, 700)), repro
+    eager = cache.clone()
+    ops.store(k, eager, loc)
+    assert torch.equal(target, eager), repro
+    # replay with new values in the captured input buffers
+    q.copy_(random_q(spec, len(lens), next_n, gen, "cuda"))
+    w.copy_(torch.randn(w.shape, generator=gen))
+    g.replay()
+    torch.cuda.synchronize()
+    ref = R.paged_logits(q, cache, w, cl, bt, 700, True, spec, compute_dtype=torch.float64)
+    v = torch.isfinite(ref)
+    assert torch.equal(torch.isneginf(out), ~v)
+    assert rel_err(out[v], ref[v]) < 1e-4, repro

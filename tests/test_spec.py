@@ -1,0 +1,199 @@
+"""Spec parsing and validation: shipped specs, one test per kind of mistake, `dsagen validate`."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import dsagen
+from dsagen.spec import Spec, SpecError, shipped_spec_paths
+
+from conftest import REPO, SPECS
+
+FP8 = REPO / "specs" / "fp8_e4m3_page64.yaml"
+BF16 = REPO / "specs" / "bf16_page64.yaml"
+
+
+def test_shipped_specs_are_the_documented_ones():
+    assert {p.name for p in shipped_spec_paths()} >= {FP8.name, BF16.name}
+    assert all(p.parent == REPO / "specs" for p in shipped_spec_paths())
+
+
+@pytest.mark.parametrize("path, bpt, page, summary", [
+    (FP8, 132, 8448, "fp8_e4m3_page64: 132 B/token, 8448 B/page"),
+    (BF16, 256, 16384, "bf16_page64: 256 B/token, 16384 B/page"),
+])
+def test_shipped_spec_sizes(path, bpt, page, summary):
+    s = dsagen.load_spec(path)
+    assert s.name == path.stem
+    assert (s.bytes_per_token, s.page_bytes, s.summary()) == (bpt, page, summary)
+    assert s.targets == ("sm_90a", "sm_100a")
+    assert s.head_dim == 128 and s.page_size == 64 and s.num_heads == 64 and s.next_n == (1, 2)
+
+
+def test_fp8_page_tail_layout():
+    # DeepGEMM / sglang / vLLM: 64 x 128 fp8 bytes, then 64 fp32 scales, per page
+    lay = dsagen.load_spec(FP8).layout
+    assert (lay.page_size, lay.page_stride, lay.key_token_stride, lay.scale_base,
+            lay.scale_token_stride) == (64, 8448, 128, 8192, 4)
+
+
+def test_spec_is_frozen_and_with_revalidates():
+    s = dsagen.load_spec(FP8)
+    with pytest.raises(Exception):
+        s.page_size = 32
+    t = s.with_(scale_placement="interleaved", page_size=16)
+    assert (t.scale_placement, t.page_size, t.bytes_per_token, t.page_bytes) == ("interleaved", 16, 132, 2112)
+    assert t.layout.key_token_stride == 132 and t.layout.scale_base == 128
+    assert s.digest != t.digest
+    with pytest.raises(SpecError) as ei:
+        s.with_(page_size=48)
+    assert ei.value.path == "page_size"
+
+
+def test_roundtrip_to_dict():
+    for p in SPECS.values():
+        s = dsagen.load_spec(p)
+        assert Spec.from_dict(s.to_dict()) == s
+
+
+def _base() -> dict:
+    return yaml.safe_load(FP8.read_text())
+
+
+def _set(d: dict, dotted: str, value) -> dict:
+    *parents, last = dotted.split(".")
+    cur = d
+    for k in parents:
+        cur = cur.setdefault(k, {})
+    cur[last] = value
+    return d
+
+
+# (id, YAML path that is changed, new value, expected SpecError.path, extra text in the message)
+BAD = [
+    ("unknown top-level key", "colour", "red", "colour", "unknown key"),
+    ("unknown nested key", "scale.foo", 1, "scale.foo", "unknown key"),
+    ("page_size 48", "page_size", 48, "page_size", "48"),
+    ("page_size 0", "page_size", 0, "page_size", "0"),
+    ("page_size string", "page_size", "64", "page_size", "integer"),
+    ("head_dim 100", "head_dim", 100, "head_dim", "100"),
+    ("key.dtype int8", "key.dtype", "int8", "key.dtype", "int8"),
+    ("scale none with e4m3", "scale.dtype", "none", "scale.dtype", "e4m3"),
+    ("scale.block 64", "scale.block", 64, "scale.block", "64"),
+    ("placement", "scale.placement", "page_head", "scale.placement", "page_head"),
+    ("targets sm_90", "targets", ["sm_90"], "targets", "sm_90a"),
+    ("targets sm_100", "targets", ["sm_100a", "sm_100"], "targets", "sm_100a"),
+    ("targets sm_80", "targets", ["sm_80"], "targets", "sm_80"),
+    ("next_n 5", "logits.next_n", [1, 5], "logits.next_n", "5"),
+    ("next_n empty", "logits.next_n", [], "logits.next_n", "list"),
+    ("num_heads 7", "logits.num_heads", 7, "logits.num_heads", "7"),
+    ("name 1bad", "name", "1bad", "name", "1bad"),
+    ("page stride too small", "page_stride_bytes", 8432, "page_stride_bytes", "8448"),
+    ("page stride unaligned", "page_stride_bytes", 8452, "page_stride_bytes", "16"),
+]
+
+
+@pytest.mark.parametrize("field, value, path, text", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_field_is_named(tmp_path, field, value, path, text):
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(_set(_base(), field, value)))
+    with pytest.raises(SpecError) as ei:
+        dsagen.load_spec(f)
+    e = ei.value
+    assert isinstance(e, ValueError)
+    assert e.path == path
+    msg = str(e)
+    assert msg.startswith(f"{f}: {path}: "), msg
+    assert text in e.message, msg
+    assert "\n" not in msg
+
+
+def test_bf16_with_scale_is_rejected():
+    d = yaml.safe_load(BF16.read_text())
+    d["scale"]["dtype"] = "fp32"
+    with pytest.raises(SpecError) as ei:
+        Spec.from_dict(d, source="x.yaml")
+    assert ei.value.path == "scale.dtype" and "none" in ei.value.message
+
+
+def test_missing_required_field(tmp_path):
+    d = _base()
+    del d["logits"]["num_heads"]
+    with pytest.raises(SpecError) as ei:
+        Spec.from_dict(d, source="s.yaml")
+    assert ei.value.path == "logits.num_heads"
+    assert str(ei.value) == "s.yaml: logits.num_heads: required field is missing"
+
+
+def test_not_a_mapping():
+    with pytest.raises(SpecError) as ei:
+        Spec.from_dict(["a", "b"], source="s.yaml")
+    assert "mapping" in str(ei.value)
+    with pytest.raises(SpecError) as ei:
+        Spec.from_dict({**_base(), "scale": "fp32"}, source="s.yaml")
+    assert ei.value.path == "scale"
+
+
+def test_non_yaml(tmp_path):
+    f = tmp_path / "broken.yaml"
+    f.write_text("name: x\nscale: [unclosed\n  key: {\n")
+    with pytest.raises(SpecError) as ei:
+        dsagen.load_spec(f)
+    assert ei.value.path == ""
+    assert str(ei.value).startswith(f"{f}: ") and "YAML" in str(ei.value)
+    assert "\n" not in str(ei.value)
+
+
+def test_missing_file(tmp_path):
+    f = tmp_path / "nope.yaml"
+    with pytest.raises(SpecError) as ei:
+        dsagen.load_spec(f)
+    assert ei.value.path == "" and str(ei.value).startswith(f"{f}: ")
+    assert "cannot read" in str(ei.value)
+
+
+# ---- the CLI ----------------------------------------------------------------------------------
+
+def _dsagen(*args, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dsagen.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_validate_shipped():
+    p = _dsagen("validate", "specs/fp8_e4m3_page64.yaml", "specs/bf16_page64.yaml")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["fp8_e4m3_page64: 132 B/token, 8448 B/page",
+                                     "bf16_page64: 256 B/token, 16384 B/page"]
+
+
+@pytest.mark.parametrize("field, value, path", [
+    ("page_size", 48, "page_size"), ("scale.foo", 1, "scale.foo"), ("targets", ["sm_90"], "targets")])
+def test_cli_validate_bad_spec(tmp_path, field, value, path):
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(_set(_base(), field, value)))
+    p = _dsagen("validate", "specs/bf16_page64.yaml", f)
+    assert p.returncode == 2
+    assert "Traceback" not in p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith(f"Error: {f}: {path}: "), lines[0]
+
+
+def test_cli_validate_missing_and_non_yaml(tmp_path):
+    bad = tmp_path / "b.yaml"
+    bad.write_text("a: [\n")
+    for f in (tmp_path / "missing.yaml", bad):
+        p = _dsagen("validate", f)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert "Traceback" not in p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith(f"Error: {f}: ")
+
+
+def test_cli_list():
+    p = _dsagen("list")
+    assert p.returncode == 0, p.stderr
+    assert "fp8_e4m3_page64: 132 B/token, 8448 B/page" in p.stdout
+    assert "bf16_page64: 256 B/token, 16384 B/page" in p.stdout
