@@ -97,7 +97,10 @@ def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True) -> bool:
             click.echo(f"[{spec.name}] nvcc not found: CUDA for {not_run} NOT compiled")
         else:
             click.echo(f"[{spec.name}] compiling CUDA sources with nvcc {jit.nvcc_version()} for {not_run} ...")
-            for r in jit.nvcc_compile_only(render_sources(spec), not_run):
+            import tempfile
+            with tempfile.TemporaryDirectory(prefix="dsagen-nvcc-") as wd:
+                results = jit.nvcc_compile_only(render_sources(spec), not_run, workdir=Path(wd))
+            for r in results:
                 status = "compiled" if r.ok else "COMPILE FAILED"
                 click.echo(f"[{spec.name}]   {r.source} {r.arch}: {status} ({r.seconds:.1f} s)")
                 if not r.ok:
@@ -150,7 +153,12 @@ def verify(specs, device):
 def bench(specs, json_out, quick):
     """Time the generated kernels against copy bandwidth, the PyTorch fallback and DeepGEMM."""
     from . import bench as B
-    rows = B.run(_specs(specs), quick=quick)
+    try:
+        rows = B.run(_specs(specs), quick=quick)
+    except RuntimeError as e:
+        if "CUDA" not in str(e):
+            raise
+        raise UsageFailure(str(e).splitlines()[0]) from None
     if json_out:
         Path(json_out).write_text(json.dumps(rows, indent=1))
         click.echo(f"wrote {len(rows)} rows to {json_out}")

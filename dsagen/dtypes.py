@@ -7,24 +7,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 
 @dataclass(frozen=True)
 class DType:
     name: str            # name in the YAML spec
     bits: int            # storage bits per element
-    torch_dtype: torch.dtype | None
+    torch_name: str      # attribute of the torch module (resolved lazily: importing torch is slow)
     cpp: str             # C++ storage type on the CPU backend (c10 type)
     cuda: str            # CUDA storage type in the generated kernels
     max_value: float     # largest finite magnitude (quantization target), 0 when not quantized
     short: str
 
+    @property
+    def torch_dtype(self):
+        import torch
+        return getattr(torch, self.torch_name)
+
 
 KEY_DTYPES: dict[str, DType] = {
-    "e4m3": DType("e4m3", 8, torch.float8_e4m3fn, "c10::Float8_e4m3fn", "__nv_fp8_e4m3", 448.0, "fp8"),
-    "bf16": DType("bf16", 16, torch.bfloat16, "c10::BFloat16", "__nv_bfloat16", 0.0, "bf16"),
-    "fp16": DType("fp16", 16, torch.float16, "c10::Half", "__half", 0.0, "fp16"),
+    "e4m3": DType("e4m3", 8, "float8_e4m3fn", "c10::Float8_e4m3fn", "__nv_fp8_e4m3", 448.0, "fp8"),
+    "bf16": DType("bf16", 16, "bfloat16", "c10::BFloat16", "__nv_bfloat16", 0.0, "bf16"),
+    "fp16": DType("fp16", 16, "float16", "c10::Half", "__half", 0.0, "fp16"),
 }
 
 SCALE_DTYPES: dict[str, int] = {
@@ -33,7 +36,3 @@ SCALE_DTYPES: dict[str, int] = {
     "none": 0,
 }
 
-
-def query_dtype(key: DType) -> torch.dtype:
-    """The dtype of `q` for a given key dtype (e4m3 keys take e4m3 queries, as DeepGEMM does)."""
-    return key.torch_dtype

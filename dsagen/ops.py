@@ -83,13 +83,15 @@ def _register_fake(ns: str) -> None:
         return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
 
 
-def load(spec: Spec | str | Path, *, with_cuda: bool | None = None, verbose: bool = False) -> Ops:
+def load(spec: Spec | str | Path, *, with_cuda: bool | None = None, verbose: bool = False,
+         tuning: dict | None = None) -> Ops:
     """Build (or load from the cache) and register the ops of ``spec``.
 
     Args:
         spec: a :class:`Spec` or the path of a YAML spec.
         with_cuda: build the CUDA kernels; default: when a CUDA device that a spec target
             matches is present.
+        tuning: kernel tuning overrides (see :func:`dsagen.codegen.default_tuning`).
     Returns:
         :class:`Ops` with ``store``, ``paged_logits`` and ``new_cache``.
     Raises:
@@ -102,16 +104,18 @@ def load(spec: Spec | str | Path, *, with_cuda: bool | None = None, verbose: boo
         with_cuda = bool(archs)
     if with_cuda and not archs:
         raise RuntimeError(f"{spec.name}: no CUDA device matching targets {list(spec.targets)}")
-    ns = namespace(spec)
+    ns = namespace(spec, tuning)
     with _LOCK:
         key = f"{ns}:{with_cuda}"
         if key in _LOADED:
             return _LOADED[key]
+        if not with_cuda and f"{ns}:True" in _LOADED:   # the CUDA build has the CPU kernels too
+            return _LOADED[f"{ns}:True"]
         for k, v in _LOADED.items():
             if k.startswith(ns + ":"):
                 raise RuntimeError(f"{spec.name} is already loaded with with_cuda={v.has_cuda} in this "
                                    f"process; a torch.library namespace can be registered once")
-        built = jit.build_extension(ns, render(spec), archs, with_cuda)
+        built = jit.build_extension(ns, render(spec, tuning), archs, with_cuda)
         if not built.loaded:   # a fresh build is loaded by torch's extension builder already
             torch.ops.load_library(str(built.library))
         _register_fake(ns)

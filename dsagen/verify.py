@@ -112,10 +112,11 @@ def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generato
                  max_context_len: int | None = None) -> Row:
     """One paged-logits case; see the module docstring for what is checked."""
     B = len(context_lens)
-    cache, bt = make_cache(spec, [int(c) for c in (context_lens if not ctx_2d else [max(c) for c in context_lens])],
-                           gen, device)
+    lens = [int(c) for c in (context_lens if not ctx_2d else [max(c) for c in context_lens])]
+    max_len = int(max_context_len if max_context_len is not None else max(lens))
+    # the block table must cover max_context_len columns (DeepGEMM's contract too)
+    cache, bt = make_cache(spec, [max(c, max_len) if i == 0 else c for i, c in enumerate(lens)], gen, device)
     cl = torch.tensor(context_lens, dtype=torch.int32, device=device)
-    max_len = int(max_context_len if max_context_len is not None else cl.max().item())
     q = random_q(spec, B, next_n, gen, device)
     w = torch.randn(B * next_n, spec.num_heads, generator=gen).to(device)
     _poisoned_alloc((B * next_n, max_len), device)

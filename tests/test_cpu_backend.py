@@ -215,8 +215,6 @@ BOUNDS = {
 }
 
 
-@pytest.mark.xfail(strict=False, reason="dsagen bug: the CPU ops do not bounds-check loc / "
-                   "block_table (out-of-range ids crash the process or corrupt memory)")
 @pytest.mark.parametrize("case", sorted(BOUNDS))
 def test_out_of_range_ids_raise(case):
     """Run in a child process: today an out-of-range slot or page crashes the interpreter."""

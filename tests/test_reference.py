@@ -307,9 +307,6 @@ def test_other_layout_is_caught(change, gen, seed):
             rep.table()
 
 
-@pytest.mark.xfail(raises=ValueError, strict=False,
-                   reason="dsagen bug: verify's clean_logits=False case asks for max_context_len=150 "
-                          "with a block table sized for 130 tokens, beyond capacity when page_size <= 16")
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_verify_small_pages(page_size, seed):
     spec = small(page_size=page_size)

@@ -46,7 +46,7 @@ static void check_logits(const at::Tensor& q, const at::Tensor& kv_cache, const 
                          int64_t max_context_len) {
   TORCH_CHECK(q.dim() == 4 && q.size(2) == kNumHeads && q.size(3) == kHeadDim,
               "bf16_page64.paged_logits: q must be [B, next_n, ", kNumHeads, ", ", kHeadDim, "], got ", q.sizes());
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "bf16_page64.paged_logits: q must be kBFloat16");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "bf16_page64.paged_logits: q must be torch.bfloat16, got ", q.scalar_type());
   const int64_t B = q.size(0), next_n = q.size(1);
   bool ok = false;
   for (int n : kNextN) ok |= (n == next_n);
@@ -66,8 +66,17 @@ static void check_logits(const at::Tensor& q, const at::Tensor& kv_cache, const 
               "bf16_page64.paged_logits: max_context_len must be in [0, max_pages * page_size]");
 }
 
+// Slot and page ids are checked on the CPU backend only: a check on CUDA would need a host sync
+// (and break CUDA-graph capture); out-of-range ids there are undefined behaviour.
+static void check_ids_cpu(const at::Tensor& ids, int64_t limit, const char* what) {
+  if (ids.numel() == 0) return;
+  const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+  TORCH_CHECK(lo >= 0 && hi < limit, "bf16_page64: ", what, " must be in [0, ", limit, "), got [", lo, ", ", hi, "]");
+}
+
 static void store_cpu_op(const at::Tensor& k, const at::Tensor& kv_cache, const at::Tensor& loc) {
   check_store(k, kv_cache, loc);
+  check_ids_cpu(loc, kv_cache.size(0) * kPageSize, "store: loc (slot ids)");
   store_cpu(k, kv_cache, loc);
 }
 
@@ -75,6 +84,7 @@ static at::Tensor paged_logits_cpu_op(const at::Tensor& q, const at::Tensor& kv_
                                       const at::Tensor& context_lens, const at::Tensor& block_table,
                                       int64_t max_context_len, bool clean_logits) {
   check_logits(q, kv_cache, weights, context_lens, block_table, max_context_len);
+  check_ids_cpu(block_table, kv_cache.size(0), "paged_logits: block_table (page ids)");
   return paged_logits_cpu(q, kv_cache, weights, context_lens, block_table, max_context_len, clean_logits);
 }
 

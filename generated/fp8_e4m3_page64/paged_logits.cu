@@ -172,19 +172,12 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr) {
   return d.desc_;
 }
 
-template <int NEXT_N> struct Mma;
-template <> struct Mma<1> {
-  static constexpr int N = 64;
+// One WGMMA instruction M=64 keys x N=num_heads x K=32 bytes, from two shared-memory descriptors.
+struct Mma {
+  static constexpr int N = kNumHeads;
   __device__ __forceinline__ static void fma(uint64_t a, uint64_t b, float* d, bool accumulate) {
     using Op = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
     Op::fma(a, b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31],            accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
-  }
-};
-template <> struct Mma<2> {
-  static constexpr int N = 128;
-  __device__ __forceinline__ static void fma(uint64_t a, uint64_t b, float* d, bool accumulate) {
-    using Op = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
-    Op::fma(a, b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63],            accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
   }
 };
 
@@ -225,38 +218,23 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
   const int max_len = int(max_context_len);
 
   // ---- device-side schedule: split sum_b ceil(len_b / 64) tiles evenly over the grid --------
-  int total = 0;
-  for (int base = 0; base < batch; base += 128) {
-    const int b = base + tid;
-    int t = b < batch ? (request_len<NEXT_N>(context_lens, ctx_2d, b, max_len) + kTile - 1) / kTile : 0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-    if ((tid & 31) == 0) s_sched[0] = 0;
-    __syncthreads();
-    if ((tid & 31) == 0) atomicAdd(&s_sched[0], t);
-    __syncthreads();
-    total += s_sched[0];
-    __syncthreads();
-  }
+  // Block-wide inclusive scan of per-request tile counts, 128 requests per chunk. One pass when
+  // batch <= 128 (the common decode case); a second pass finds the start otherwise.
+  __shared__ int s_warp[4];
   const int64_t grid = gridDim.x;
-  const int lo = int(int64_t(total) * blockIdx.x / grid);
-  const int hi = int(int64_t(total) * (blockIdx.x + 1) / grid);
+  int lo = 0, hi = 0;
   if (tid == 0) { s_sched[1] = batch; s_sched[2] = 0; }
-  __syncthreads();
-  if (lo < hi) {
-    // find the request holding unit `lo`: running exclusive prefix over chunks of 128 requests
+  for (int pass = 0; pass < 2; ++pass) {
     int prefix = 0;
     for (int base = 0; base < batch; base += 128) {
       const int b = base + tid;
       const int t = b < batch ? (request_len<NEXT_N>(context_lens, ctx_2d, b, max_len) + kTile - 1) / kTile : 0;
-      // inclusive scan over the block (warp scans + warp totals)
       int x = t;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         const int y = __shfl_up_sync(0xffffffffu, x, o);
         if ((tid & 31) >= o) x += y;
       }
-      __shared__ int s_warp[4];
       if ((tid & 31) == 31) s_warp[tid >> 5] = x;
       __syncthreads();
       int before = 0, chunk_total = 0;
@@ -265,12 +243,20 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
         before += (w < (tid >> 5)) ? s_warp[w] : 0;
         chunk_total += s_warp[w];
       }
-      const int excl = prefix + before + x - t;
-      if (t > 0 && lo >= excl && lo < excl + t) { s_sched[1] = b; s_sched[2] = lo - excl; }
-      prefix += chunk_total;
       __syncthreads();
-      if (prefix > lo) break;
+      const int excl = prefix + before + x - t;
+      prefix += chunk_total;
+      if (pass == 0 && base + 128 >= batch) {      // total known: this CTA's share
+        lo = int(int64_t(prefix) * blockIdx.x / grid);
+        hi = int(int64_t(prefix) * (blockIdx.x + 1) / grid);
+      }
+      if ((pass == 1 || batch <= 128) && t > 0 && lo >= excl && lo < excl + t) {
+        s_sched[1] = b;
+        s_sched[2] = lo - excl;
+      }
+      if (pass == 1 && prefix > lo) break;
     }
+    if (batch <= 128 || lo >= hi) break;
   }
   __syncthreads();
 
@@ -282,9 +268,12 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
     int prod_b = -1, prod_slot = 1;                      // q slot of the last issued request
     int last_use0 = -1, last_use1 = -1;                  // last unit that reads q slot 0 / 1
     int cons_b = -1, cons_slot = 1;
-    float wreg[N / 4];
-    float acc[N / 2];
+    int bound[NEXT_N];                                   // visible keys of each row (consumer's request)
+    float acc[kNumHeads / 2];
     const int warp = tid >> 5, lane = tid & 31, quad = lane & 3;
+    // page of the producer's next tile, loaded one tile ahead so its latency is hidden
+    constexpr bool kTileInPage = kPageSize % kTile == 0;
+    int next_page = kTileInPage ? __ldg(block_table + int64_t(prod.b) * bt_stride + prod.tile * kTile / kPageSize) : 0;
 
     while (consumed < hi) {
       // ---- producer: keep up to kStages tiles in flight --------------------------------------
@@ -309,24 +298,29 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
         const int j0 = prod.tile * kTile;
         const uint32_t kdst = smem_u32(sk + stage * kTileBytes);
         const int* bt = block_table + int64_t(b) * bt_stride;
+        const int page = next_page;
 #pragma unroll
         for (int c = 0; c < kTileBytes / 16 / 128; ++c) {
           const int idx = tid + c * 128;
           const int row = idx / (kRowBytes / 16), chunk = idx % (kRowBytes / 16);
           const int j = j0 + row;
           const bool valid = j < prod.len;
-          const int64_t slot = valid ? int64_t(__ldg(bt + j / kPageSize)) * kPageSize + j % kPageSize : 0;
+          const int pg = kTileInPage ? page : (valid ? __ldg(bt + j / kPageSize) : 0);
+          const int64_t slot = valid ? int64_t(pg) * kPageSize + j % kPageSize : 0;
           cp_async16(kdst + swz(kTile, row, chunk), kv_cache + key_offset(slot) + chunk * 16, valid);
         }
         if (kQuantized && tid < kTile) {
           const int j = j0 + tid;
           const bool valid = j < prod.len;
-          const int64_t slot = valid ? int64_t(__ldg(bt + j / kPageSize)) * kPageSize + j % kPageSize : 0;
+          const int pg = kTileInPage ? page : (valid ? __ldg(bt + j / kPageSize) : 0);
+          const int64_t slot = valid ? int64_t(pg) * kPageSize + j % kPageSize : 0;
           cp_async4(smem_u32(sscale + stage * kTile + tid), kv_cache + scale_offset(slot), valid);
         }
         cp_async_commit();
         ++issued;
         prod.advance(context_lens, ctx_2d, batch, max_len);
+        if (kTileInPage && issued < hi)
+          next_page = __ldg(block_table + int64_t(prod.b) * bt_stride + prod.tile * kTile / kPageSize);
       }
 
       // ---- consumer ----------------------------------------------------------------------------
@@ -339,58 +333,80 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
         cons_b = b;
         cons_slot ^= 1;
 #pragma unroll
-        for (int j = 0; j < N / 8; ++j) {
-          const float2 w2 = *reinterpret_cast<const float2*>(sw + cons_slot * N + j * 8 + quad * 2);
-          wreg[2 * j] = w2.x;
-          wreg[2 * j + 1] = w2.y;
-        }
+        for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
       }
       const int stage = consumed % kStages;
       const uint32_t a_base = smem_u32(sk + stage * kTileBytes);
       const uint32_t b_base = smem_u32(sq + cons_slot * kQBytes);
 
-#pragma unroll
-      for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
-      cute::warpgroup_arrive();
-#pragma unroll
-      for (int k = 0; k < kKSteps; ++k) {
-        const int kb = k * kKStep;
-        const uint32_t a = a_base + (kb / 128) * (kTile * 128) + (kb % 128);
-        const uint32_t bb = b_base + (kb / 128) * (N * 128) + (kb % 128);
-        Mma<NEXT_N>::fma(gmma_desc(a), gmma_desc(bb), acc, k > 0);
-      }
-      cute::warpgroup_commit_batch();
-      cute::warpgroup_wait<0>();
-#pragma unroll
-      for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
-
-      // ---- epilogue: relu * w, sum over heads, * key scale, mask, store ------------------------
-      // acc[4j + {0,1}] = (row r0, cols 8j + 2*quad + {0,1}); acc[4j + {2,3}] = (row r0 + 8, same)
       const int r0 = warp * 16 + (lane >> 2);
       const int j0 = cons.tile * kTile;
       const float sc0 = kQuantized ? sscale[stage * kTile + r0] : 1.f;
       const float sc1 = kQuantized ? sscale[stage * kTile + r0 + 8] : 1.f;
 #pragma unroll
       for (int i = 0; i < NEXT_N; ++i) {
+        // scores of the 64 keys against the num_heads queries of position i
+        const uint32_t bq = b_base + i * kNumHeads * 128;
+        auto desc_a = [&](int k) {
+          const int kb = k * kKStep;
+          return gmma_desc(a_base + (kb / 128) * (kTile * 128) + (kb % 128));
+        };
+        auto desc_b = [&](int k) {
+          const int kb = k * kKStep;
+          return gmma_desc(bq + (kb / 128) * (N * 128) + (kb % 128));
+        };
+        // Hopper's fp8 WGMMA accumulates in reduced precision (~1e-4 relative): each K step's
+        // partial product goes to its own registers and is summed in fp32 on the CUDA cores
+        // ("promotion"), two partial buffers in flight.
+        float p0[kNumHeads / 2], p1[kNumHeads / 2];
+#pragma unroll
+        for (int k = 0; k < kKSteps; ++k) {
+          float* pk = (k & 1) ? p1 : p0;
+#pragma unroll
+          for (int r = 0; r < kNumHeads / 2; ++r) cute::warpgroup_fence_operand(pk[r]);
+          cute::warpgroup_arrive();
+          Mma::fma(desc_a(k), desc_b(k), pk, false);
+          cute::warpgroup_commit_batch();
+          if (k >= 1) {
+            cute::warpgroup_wait<1>();
+            float* prev = (k & 1) ? p0 : p1;
+#pragma unroll
+            for (int r = 0; r < kNumHeads / 2; ++r) {
+              cute::warpgroup_fence_operand(prev[r]);
+              acc[r] = k == 1 ? prev[r] : acc[r] + prev[r];
+            }
+          }
+        }
+        cute::warpgroup_wait<0>();
+        {
+          float* last = ((kKSteps - 1) & 1) ? p1 : p0;
+#pragma unroll
+          for (int r = 0; r < kNumHeads / 2; ++r) {
+            cute::warpgroup_fence_operand(last[r]);
+            acc[r] = kKSteps == 1 ? last[r] : acc[r] + last[r];
+          }
+        }
+        // epilogue: relu * w, sum over heads, * key scale, mask, store.
+        // acc[4j + {0,1}] = (key r0, heads 8j + 2*quad + {0,1}); acc[4j + {2,3}] = (key r0 + 8, same)
+        const float* wq = sw + cons_slot * N + i * kNumHeads + quad * 2;
         float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-        for (int jj = 0; jj < kNumHeads / 8; ++jj) {
-          const int j = i * (kNumHeads / 8) + jj;
-          s0 = fmaf(fmaxf(acc[4 * j + 0], 0.f), wreg[2 * j + 0], s0);
-          s0 = fmaf(fmaxf(acc[4 * j + 1], 0.f), wreg[2 * j + 1], s0);
-          s1 = fmaf(fmaxf(acc[4 * j + 2], 0.f), wreg[2 * j + 0], s1);
-          s1 = fmaf(fmaxf(acc[4 * j + 3], 0.f), wreg[2 * j + 1], s1);
+        for (int j = 0; j < kNumHeads / 8; ++j) {
+          const float2 w = *reinterpret_cast<const float2*>(wq + j * 8);
+          s0 = fmaf(fmaxf(acc[4 * j + 0], 0.f), w.x, s0);
+          s0 = fmaf(fmaxf(acc[4 * j + 1], 0.f), w.y, s0);
+          s1 = fmaf(fmaxf(acc[4 * j + 2], 0.f), w.x, s1);
+          s1 = fmaf(fmaxf(acc[4 * j + 3], 0.f), w.y, s1);
         }
         s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
         s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
         s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
         s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
         if (quad == (i & 3)) {
-          const int bound = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
           float* out = logits + (int64_t(b) * NEXT_N + i) * max_context_len;
           const int ja = j0 + r0, jb = j0 + r0 + 8;
-          if (ja < max_len) out[ja] = (ja < bound || !clean_logits) ? s0 * sc0 : kNegInf;
-          if (jb < max_len) out[jb] = (jb < bound || !clean_logits) ? s1 * sc1 : kNegInf;
+          if (ja < max_len) out[ja] = (ja < bound[i] || !clean_logits) ? s0 * sc0 : kNegInf;
+          if (jb < max_len) out[jb] = (jb < bound[i] || !clean_logits) ? s1 * sc1 : kNegInf;
         }
       }
       ++consumed;
@@ -426,7 +442,7 @@ static void launch(const void* q, const uint8_t* kv_cache, const float* weights,
   int major = 0, sms = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (major == 9 && NEXT_N * kNumHeads <= 256) {
+  if (major == 9 && wgmma_smem_bytes<NEXT_N>() <= 227 * 1024) {
     static int blocks_per_sm = 0;   // per process; dsagen loads one device kind at a time
     const int smem = wgmma_smem_bytes<NEXT_N>();
     if (blocks_per_sm == 0) {

@@ -1,0 +1,35 @@
+#!/bin/bash
+# One device call: install, build + verify both shipped specs on the GPU, GPU tests, timing.
+# Usage on the device machine: bash benchmarks/gpu_run.sh [steps...]   (steps: compile tests quick bench)
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CXX=/usr/bin/g++ DSAGEN_CACHE_DIR=/tmp/dsagen-cache
+export PATH=/usr/local/cuda/bin:$PATH
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || true
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee $OUT/gpu.txt
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a $OUT/gpu.txt
+steps=${@:-compile quick}
+for s in $steps; do
+  case $s in
+    compile) python3 -m dsagen.cli compile specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml --json $OUT/compile.json 2>&1 | tee $OUT/compile.log ;;
+    tests) python3 -m pytest -q -x tests 2>&1 | tee $OUT/tests.log ;;
+    quick) python3 benchmarks/quick_time.py specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml 2>&1 | tee $OUT/quick.log ;;
+    bench) python3 -m dsagen.cli bench specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml --json $OUT/h200.json 2>&1 | tee $OUT/bench.log ;;
+  esac
+done
+if [ -n "${TUNE_FP8:-}" ]; then
+  (cd benchmarks && python3 tune.py ../specs/fp8_e4m3_page64.yaml $TUNE_FP8) 2>&1 | tee $OUT/tune_fp8.log
+fi
+if [ -n "${TUNE_BF16:-}" ]; then
+  (cd benchmarks && python3 tune.py ../specs/bf16_page64.yaml $TUNE_BF16) 2>&1 | tee $OUT/tune_bf16.log
+fi
+if [ -n "${PROFILE:-}" ]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+  for p in $PROFILE; do
+    IFS=: read sp b n c <<< "$p"
+    $NCU --clock-control none --kernel-name regex:paged_logits_wgmma --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+      python3 benchmarks/profile_one.py specs/$sp.yaml $b $n $c 2>&1 | grep -v "^==PROF==" | tee -a $OUT/ncu.log
+  done
+fi

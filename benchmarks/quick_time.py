@@ -1,0 +1,75 @@
+"""Quick paged-logits timing used while developing the kernel (the full harness is dsagen bench)."""
+import sys
+import time
+
+import torch
+
+import dsagen
+from dsagen import reference as R
+from dsagen.verify import random_keys
+
+
+def copy_bw():
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    ts = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record(); y.copy_(x); e.record(); e.synchronize()
+        ts.append(s.elapsed_time(e) / 1e3)
+    ts.sort()
+    return 2 * x.numel() / ts[len(ts) // 2] / 1e9
+
+
+def time_fn(fns, iters=50):
+    for f in fns[:2]:
+        f()
+    torch.cuda.synchronize()
+    ts = []
+    for i in range(iters):
+        f = fns[i % len(fns)]
+        torch.cuda._sleep(40000)
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record(); f(); e.record()
+        ts.append((s, e))
+    torch.cuda.synchronize()
+    v = sorted(s.elapsed_time(e) * 1e3 for s, e in ts)
+    return v[len(v) // 2]
+
+
+def main(specs):
+    bw = copy_bw()
+    print(f"copy bandwidth {bw:.0f} GB/s ({torch.cuda.get_device_name()})")
+    g = torch.Generator().manual_seed(0)
+    for path in specs:
+        spec = dsagen.load_spec(path)
+        ops = dsagen.load(spec)
+        for B, ctx in ((32, 8192), (128, 8192), (32, 32768), (128, 32768), (128, 65536)):
+            for next_n in spec.next_n:
+                ps = spec.page_size
+                P = ctx // ps
+                sets = []
+                nsets = max(4, int(256e6 // (B * ctx * spec.bytes_per_token)) + 1)
+                for _ in range(nsets):
+                    cache = ops.new_cache(B * P, "cuda")
+                    ops.store(random_keys(B * P * ps, spec.head_dim, g, "cuda"), cache,
+                              torch.arange(B * P * ps, device="cuda"))
+                    bt = torch.randperm(B * P, device="cuda").to(torch.int32).view(B, P)
+                    q = (torch.randn(B, next_n, spec.num_heads, spec.head_dim, device="cuda") * 4).to(spec.key.torch_dtype)
+                    w = torch.randn(B * next_n, spec.num_heads, device="cuda")
+                    cl = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+                    sets.append((q, cache, w, cl, bt))
+                fns = [lambda a=a: ops.paged_logits(*a, ctx, True) for a in sets]
+                us = time_fn(fns)
+                nbytes = B * ctx * spec.bytes_per_token + sets[0][0].numel() * sets[0][0].element_size() \
+                    + B * next_n * spec.num_heads * 4 + B * next_n * ctx * 4
+                gbs = nbytes / us / 1e3
+                print(f"{spec.name:18s} B={B:4d} next_n={next_n} ctx={ctx:6d}  {us:8.1f} us  {gbs:6.0f} GB/s  {100*gbs/bw:5.1f}% copy", flush=True)
+                del sets, fns
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,54 @@
+"""Kernel tuning sweep used during development: for each (spec, tuning) variant, check accuracy on
+a few cases and time a few decode shapes (spin-hidden launch, CUDA events, median, rotated caches).
+Usage: python benchmarks/tune.py SPEC 'json-tuning' ['json-tuning' ...]"""
+import json
+import sys
+
+import torch
+
+import dsagen
+from dsagen import verify as V
+from quick_time import copy_bw, time_fn
+from dsagen.verify import random_keys
+
+SHAPES = [(32, 8192), (128, 8192), (128, 32768)]
+
+
+def main(path, tunings):
+    bw = copy_bw()
+    print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
+    spec = dsagen.load_spec(path)
+    g = torch.Generator().manual_seed(1)
+    for t in tunings:
+        tuning = json.loads(t)
+        ops = dsagen.load(spec, tuning=tuning)
+        acc = []
+        for next_n in spec.next_n:
+            for ctx in ([63, 65, 130], [1, 63, 4097] + torch.randint(1, 4097, (61,), generator=g).tolist(), [40000, 33000]):
+                row = V.check_logits(ops, spec, ctx, next_n, g, "cuda", reruns=3)
+                acc.append(f"{row.rel_l2:.2e}{'' if row.passed else '!'}")
+        print(f"{spec.name} {tuning}: rel_l2 {' '.join(acc)}", flush=True)
+        for B, ctx in SHAPES:
+            for next_n in spec.next_n:
+                P = ctx // spec.page_size
+                sets = []
+                nsets = max(4, int(256e6 // (B * ctx * spec.bytes_per_token)) + 1)
+                for _ in range(nsets):
+                    cache = ops.new_cache(B * P, "cuda")
+                    ops.store(random_keys(B * P * spec.page_size, spec.head_dim, g, "cuda"), cache,
+                              torch.arange(B * P * spec.page_size, device="cuda"))
+                    bt = torch.randperm(B * P, device="cuda").to(torch.int32).view(B, P)
+                    q = (torch.randn(B, next_n, spec.num_heads, spec.head_dim, device="cuda") * 4).to(spec.key.torch_dtype)
+                    w = torch.randn(B * next_n, spec.num_heads, device="cuda")
+                    cl = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+                    sets.append((q, cache, w, cl, bt))
+                us = time_fn([lambda a=a: ops.paged_logits(*a, ctx, True) for a in sets], iters=60)
+                nbytes = B * ctx * spec.bytes_per_token + B * next_n * spec.num_heads * (spec.head_dim * spec.key.bits // 8 + 4) + B * next_n * ctx * 4
+                gbs = nbytes / us / 1e3
+                print(f"  B={B:4d} next_n={next_n} ctx={ctx:6d} {us:8.1f} us {gbs:6.0f} GB/s {100 * gbs / bw:5.1f}%", flush=True)
+                del sets
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
