@@ -13,9 +13,10 @@ steps=${@:-compile quick}
 for s in $steps; do
   case $s in
     compile) python3 -m dsagen.cli compile specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml --json $OUT/compile.json 2>&1 | tee $OUT/compile.log ;;
-    tests) python3 -m pytest -q -x tests 2>&1 | tee $OUT/tests.log ;;
+    tests) python3 -m pytest -q tests 2>&1 | tee $OUT/tests.log ;;
+    gputests) python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | tee $OUT/tests_gpu.log ;;
     quick) python3 benchmarks/quick_time.py specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml 2>&1 | tee $OUT/quick.log ;;
-    bench) python3 -m dsagen.cli bench specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml --json $OUT/h200.json 2>&1 | tee $OUT/bench.log ;;
+    bench) DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json python3 -m dsagen.cli bench specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml --json $OUT/h200.json 2>&1 | tee $OUT/bench.log ;;
   esac
 done
 if [ -n "${TUNE_FP8:-}" ]; then

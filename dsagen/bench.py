@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as _dt
 import gc
 import math
+import json
 import os
 import platform
 import statistics
@@ -897,6 +898,10 @@ def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | No
             row = bench.bench(ops, spec, shape)
             rows.append(row)
             log(format_row(row))
+            partial = os.environ.get("DSAGEN_BENCH_PARTIAL")
+            if partial:   # rows so far, for runs that may be cut short
+                with open(partial, "w") as f:
+                    json.dump(rows, f, indent=1)
         log(f"[{spec.name}] {len(todo)} rows in {time.time() - t0:.0f} s")
     bench._scrub = None
     _free("cuda")
