@@ -52,11 +52,13 @@ def uses_wgmma(spec: Spec) -> bool:
 def default_tuning(spec: Spec) -> dict[str, Any]:
     """Tuning of the sm_90a kernel.
 
-    ``stages``: 64-token tiles in flight per CTA. ``promote``: sum each WGMMA K step in fp32 on
+    ``kernel``: ``wgmma`` (tensor cores, sm_90a) or ``simt`` (the portable fp32 CUDA-core kernel
+    everywhere). ``stages``: 64-token tiles in flight per CTA. ``promote``: sum each WGMMA K step in fp32 on
     the CUDA cores; on for e4m3 because Hopper's fp8 tensor-core accumulator is not full fp32
     (measured relative L2 error 1.2e-4..1.7e-4 without, 4.1e-5..4.6e-5 with, on the H200).
     """
-    return {"stages": 4 if spec.key.bits == 8 else 2, "promote": spec.key_dtype == "e4m3"}
+    return {"stages": 4 if spec.key.bits == 8 else 2, "promote": spec.key_dtype == "e4m3",
+            "kernel": "wgmma"}
 
 
 def _mma_op(spec: Spec):
@@ -80,7 +82,7 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "q_scalar": {"e4m3": "kFloat8_e4m3fn", "bf16": "kBFloat16", "fp16": "kHalf"}[spec.key_dtype],
         "q_dtype_name": f"torch.{spec.key.torch_name}",
         "store_vec": math.gcd(lane_bytes, spec.key_align),
-        "wgmma": uses_wgmma(spec),
+        "wgmma": uses_wgmma(spec) and tune["kernel"] == "wgmma",
         "stages": int(tune["stages"]),
         "promote": bool(tune["promote"]) and spec.key_dtype == "e4m3",
         "k_step_bytes": 32,
