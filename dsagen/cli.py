@@ -164,5 +164,82 @@ def bench(specs, json_out, quick):
         click.echo(f"wrote {len(rows)} rows to {json_out}")
 
 
+@main.command()
+@click.argument("specs", nargs=-1, required=True, type=click.Path())
+@click.option("--arch", default="sm_90a,sm_100a", show_default=True,
+              help="Comma list of CUDA targets to build (each intersected with the spec's targets).")
+@click.option("--out", type=click.Path(), default=None,
+              help="Cache directory to fill (default: the cache root); point DSAGEN_CACHE_DIR at it.")
+@click.option("-j", "--jobs", type=int, default=2, show_default=True, help="Builds at a time.")
+def precompile(specs, arch, out, jobs):
+    """Build every variant of the specs ahead of time (CPU, and CUDA per arch)."""
+    from .aot import precompile as run_pre
+    from .spec import ARCHS
+    archs = [a.strip() for a in arch.split(",") if a.strip()]
+    for a in archs:
+        if a not in ARCHS:
+            raise UsageFailure(f"--arch: {a!r} is not one of {', '.join(ARCHS)}")
+    t0 = time.time()
+    res = run_pre(_specs(specs), archs, Path(out) if out else None, jobs, log=click.echo)
+    bad = [r for r in res if not r.ok]
+    click.echo(f"precompile: {len(res) - len(bad)} ok, {len(bad)} failed, {time.time() - t0:.1f} s")
+    for r in bad:
+        click.echo(f"  {r.spec} {r.variant}: {r.note}", err=True)
+    sys.exit(1 if bad else 0)
+
+
+@main.command()
+def doctor():
+    """Versions, paths, GPU, cache and settings: one report to paste in a bug."""
+    from .aot import doctor as run_doctor
+    for k, v in run_doctor():
+        click.echo(f"{k + ':':<18}{v}")
+
+
+@main.group()
+def cache():
+    """Inspect and clean the build cache (DSAGEN_CACHE_DIR)."""
+
+
+@cache.command("ls")
+def cache_ls():
+    """One line per cache entry."""
+    from .aot import entries
+    for e in entries():
+        click.echo(f"{e.name:<48} {e.key:<16} {e.variant:<12} {e.size / 2**20:8.1f} MiB  {e.built:<19}  {e.status}")
+
+
+@cache.command("du")
+def cache_du():
+    """Total size and entry count."""
+    from . import config
+    from .aot import entries
+    es = entries()
+    click.echo(f"{config.cache_root()}: {len(es)} entries, {sum(e.size for e in es) / 2**20:.1f} MiB")
+
+
+@cache.command("verify")
+def cache_verify():
+    """Check each entry's manifest and library checksum; exit 1 if any is unusable."""
+    from .aot import entries
+    bad = 0
+    for e in entries():
+        click.echo(f"{e.name:<48} {e.status}")
+        bad += e.status != "ok"
+    sys.exit(1 if bad else 0)
+
+
+@cache.command("prune")
+@click.option("--all", "everything", is_flag=True, help="Remove every entry.")
+@click.option("--older-than", type=float, default=None, help="Also remove entries older than DAYS.")
+def cache_prune(everything, older_than):
+    """Remove unusable entries (corrupt, unfinished), or more with the options."""
+    from .aot import prune
+    gone = prune(everything=everything, older_than_days=older_than)
+    for e in gone:
+        click.echo(f"removed {e.path} ({e.status})")
+    click.echo(f"{len(gone)} removed")
+
+
 if __name__ == "__main__":
     main()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,28 @@ _env = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates cached under the build cache (keyed by template checksum by Jinja),
+    which takes template compilation (~45 ms) off every warm ``dsagen.load``."""
+    from . import config
+    d = config.cache_root() / "jinja"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if not os.access(d, os.W_OK):
+            raise OSError
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(str(d))
+
+
+def _environment() -> jinja2.Environment:
+    global _env
+    if _env.bytecode_cache is None and not getattr(_env, "_dsagen_bcc_tried", False):
+        _env._dsagen_bcc_tried = True
+        _env.bytecode_cache = _bytecode_cache()
+    return _env
 
 
 def namespace(spec: Spec, tuning: dict[str, Any] | None = None) -> str:
@@ -90,7 +113,7 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
     }
     out = {}
     for name in HEADERS + CPU_SOURCES + CUDA_SOURCES:
-        out[name] = _env.get_template(name + ".jinja").render(**ctx)
+        out[name] = _environment().get_template(name + ".jinja").render(**ctx)
     return out
 
 

@@ -1,14 +1,14 @@
 """Build rendered sources into a torch extension with ninja, cached by content.
 
-The cache key is a SHA-256 of the rendered sources, the compiler flags (no absolute paths), the
-target archs, and the torch / dsagen / CUTLASS / nvcc versions. A build happens under a file lock
-per key (``filelock``: an OS lock, released when the holder dies), in a private temporary
-directory that is renamed into place when complete, so concurrent processes never see a
-half-written module. Environment (all optional):
-
-* ``DSAGEN_CACHE_DIR``: cache root (default ``$XDG_CACHE_HOME/dsagen`` or ``~/.cache/dsagen``).
-* ``DSAGEN_JIT_VERBOSE=1``: show the ninja build output.
-* ``DSAGEN_NVCC_FLAGS``: extra nvcc flags (part of the key).
+The cache key (:func:`key_inputs`) is a SHA-256 of the rendered sources (the templates are
+inlined into them, so a template edit changes the key), the compiler flags (no absolute
+paths), the target archs, and the torch / dsagen / CUTLASS / nvcc / Python versions; never
+file times or locations, so a cache built in one checkout or image serves another. A
+``manifest.json`` beside each library records the key inputs and the library's SHA-256, checked
+on every load (a mismatch rebuilds). A build runs under one OS file lock per key (``filelock``:
+released by the kernel when the holder dies), in a private temporary directory that is renamed
+into place when complete; a process that waited on the lock uses the winner's build.
+Configuration: :mod:`dsagen.config`.
 """
 from __future__ import annotations
 
@@ -27,9 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import filelock
-
-from . import __version__
+from . import __version__, config
 from .codegen import CPU_SOURCES, CUDA_SOURCES, HEADERS
 
 ARCH_GENCODE = {
@@ -42,20 +40,28 @@ NVCC_STD = ["-std=c++17"]   # torch adds its own standard flag when it builds th
 
 
 class BuildError(RuntimeError):
-    """A generated source failed to compile; the message holds the compiler output and where the
-    kept sources are."""
+    """A generated source failed to compile, or nothing may be built; the message says why and
+    where the kept sources, build file and command lines are."""
+
+
+class JitDisabledError(BuildError):
+    """``DSAGEN_DISABLE_JIT`` is set and a variant is not in the cache."""
+
+
+class CaptureError(RuntimeError):
+    """A load was attempted while a CUDA graph is being captured."""
 
 
 def cache_root() -> Path:
-    env = os.environ.get("DSAGEN_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dsagen"
+    return config.cache_root()
 
 
 def verbose() -> bool:
-    return os.environ.get("DSAGEN_JIT_VERBOSE", "") not in ("", "0")
+    return config.jit_verbose()
+
+
+def _log(msg: str) -> None:
+    print(f"[dsagen] {msg}", file=sys.stderr, flush=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,15 +108,12 @@ def nvcc_version(nvcc: str | None = None) -> str:
 
 
 def extra_nvcc_flags() -> list[str]:
-    return os.environ.get("DSAGEN_NVCC_FLAGS", "").split()
-
-
-def _key(sources: dict[str, str], parts: dict) -> str:
-    h = hashlib.sha256()
-    for name in sorted(sources):
-        h.update(name.encode() + b"\0" + sources[name].encode() + b"\0")
-    h.update(json.dumps(parts, sort_keys=True).encode())
-    return h.hexdigest()
+    flags = list(config.extra_nvcc_flags())
+    if config.jit_debug():
+        flags.append("-G")
+    if config.jit_lineinfo():
+        flags.append("-lineinfo")
+    return flags
 
 
 def _sha256(path: Path) -> str:
@@ -119,6 +122,32 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def variant_files(with_cuda: bool) -> list[str]:
+    return list(HEADERS) + list(CPU_SOURCES) + (list(CUDA_SOURCES) if with_cuda else [])
+
+
+def key_inputs(sources: dict[str, str], archs: list[str], with_cuda: bool) -> dict:
+    """Everything a build depends on, without paths or times (recorded in the manifest)."""
+    import torch
+
+    files = variant_files(with_cuda)
+    cflags = CXX_FLAGS + (["-DDSAGEN_WITH_CUDA"] if with_cuda else [])
+    cuda_flags = NVCC_FLAGS + [ARCH_GENCODE[a] for a in archs] + extra_nvcc_flags() if with_cuda else []
+    return {
+        "sources": {f: hashlib.sha256(sources[f].encode()).hexdigest() for f in files},
+        "cflags": cflags, "cuda_flags": cuda_flags, "archs": list(archs) if with_cuda else [],
+        "torch": torch.__version__, "torch_cuda": torch.version.cuda, "dsagen": __version__,
+        "cutlass": cutlass_version() if with_cuda else None,
+        "nvcc": nvcc_version() if with_cuda else None, "python": list(sys.version_info[:2]),
+        "platform": sys.platform,
+    }
+
+
+def cache_key(inputs: dict) -> str:
+    """SHA-256 of :func:`key_inputs`."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass
@@ -130,8 +159,32 @@ class Built:
     loaded: bool = False   # the build already loaded the library into this process
 
 
+def entry_dir(root: Path, name: str, key: str) -> Path:
+    return root / f"{name}-{key[:16]}"
+
+
+def check_entry(d: Path, key: str | None = None) -> str | None:
+    """None when ``d`` holds a complete build (manifest present, key matching ``key`` if given,
+    library SHA-256 matching the manifest); else the reason it does not."""
+    man = d / "manifest.json"
+    try:
+        m = json.loads(man.read_text())
+    except FileNotFoundError:
+        return "no manifest"
+    except (OSError, ValueError) as e:
+        return f"unreadable manifest ({e})"
+    lib = d / f"{m.get('name')}.so"
+    if key is not None and m.get("key") != key:
+        return "key mismatch"
+    if not lib.exists():
+        return "library missing"
+    if m.get("sha256") != _sha256(lib):
+        return "library SHA-256 differs from the manifest (corrupted or modified)"
+    return None
+
+
 def build_extension(name: str, sources: dict[str, str], archs: list[str], with_cuda: bool) -> Built:
-    """Build (or find in the cache) the torch extension of rendered ``sources``.
+    """Find in the cache, or build, the torch extension of rendered ``sources``.
 
     Args:
         name: module name (an identifier; also the torch.library namespace).
@@ -139,76 +192,99 @@ def build_extension(name: str, sources: dict[str, str], archs: list[str], with_c
         archs: CUDA targets (``sm_90a``...) when ``with_cuda``.
         with_cuda: compile the ``.cu`` files and register CUDA kernels.
     Returns:
-        :class:`Built` with the path of the shared library (not yet loaded).
+        :class:`Built` with the path of the shared library.
     Raises:
-        BuildError: compilation failed; the sources are kept and their path is in the message.
+        JitDisabledError: ``DSAGEN_DISABLE_JIT`` is set and the variant is not cached.
+        BuildError: compilation failed (the message has the compiler output and the kept
+            sources), the cache is not writable, or the build lock timed out.
     """
-    import torch
-    from torch.utils import cpp_extension
-
-    files = list(HEADERS) + list(CPU_SOURCES) + (list(CUDA_SOURCES) if with_cuda else [])
-    srcs = {f: sources[f] for f in files}
-    cflags = CXX_FLAGS + (["-DDSAGEN_WITH_CUDA"] if with_cuda else [])
-    cuda_flags = NVCC_FLAGS + [ARCH_GENCODE[a] for a in archs] + extra_nvcc_flags() if with_cuda else []
-    parts = {
-        "cflags": cflags, "cuda_flags": cuda_flags, "archs": archs if with_cuda else [],
-        "torch": torch.__version__, "torch_cuda": torch.version.cuda, "dsagen": __version__,
-        "cutlass": cutlass_version() if with_cuda else None,
-        "nvcc": nvcc_version() if with_cuda else None, "python": sys.version_info[:2],
-    }
-    key = _key(srcs, parts)
+    t0 = time.time()
+    inputs = key_inputs(sources, archs, with_cuda)
+    key = cache_key(inputs)
     root = cache_root()
-    final = root / f"{name}-{key[:16]}"
+    final = entry_dir(root, name, key)
     lib = final / f"{name}.so"
-    manifest = final / "manifest.json"
-
-    def cached_ok() -> bool:
-        if not (lib.exists() and manifest.exists()):
-            return False
-        try:
-            m = json.loads(manifest.read_text())
-        except (OSError, ValueError):
-            return False
-        return m.get("key") == key and m.get("sha256") == _sha256(lib)
-
-    if cached_ok():
+    what = f"{name} ({'CPU+CUDA ' + ','.join(archs) if with_cuda else 'CPU'})"
+    reason = check_entry(final, key)
+    if reason is None:
+        if verbose():
+            _log(f"{what} key={key[:16]} cache hit ({(time.time() - t0) * 1e3:.1f} ms)")
         return Built(lib, key, True, 0.0)
+    if config.jit_disabled():
+        raise JitDisabledError(f"DSAGEN_DISABLE_JIT is set and {what} is not in the cache {root} "
+                               f"(expected {final.name}: {reason}); run `dsagen precompile` first")
+    locks = config.lock_dir()
     try:
         root.mkdir(parents=True, exist_ok=True)
-        (root / "locks").mkdir(exist_ok=True)
+        locks.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.mkdtemp(prefix=".probe-", dir=root)
+        os.rmdir(probe)
     except OSError as e:
-        raise BuildError(f"cache root {root} is not writable ({e.strerror}) and {name} is not built "
-                         f"there: set DSAGEN_CACHE_DIR to a writable directory") from None
-    t0 = time.time()
-    with filelock.FileLock(str(root / "locks" / f"{key[:32]}.lock"), timeout=3600):
-        if cached_ok():
-            return Built(lib, key, True, 0.0)
+        raise BuildError(f"{what} must be built but the cache root {root} is not writable "
+                         f"({e.strerror}): set DSAGEN_CACHE_DIR to a writable directory, or "
+                         f"precompile into this one with `dsagen precompile --out {root}`") from None
+    import filelock   # only builds need it
+
+    lock_path = locks / f"{name}-{key[:32]}.lock"
+    try:
+        lock = filelock.FileLock(str(lock_path), timeout=config.lock_timeout())
+        lock.acquire()
+    except filelock.Timeout:
+        raise BuildError(f"waited {config.lock_timeout():.0f} s for another process building {what}; "
+                         f"its lock file is {lock_path} (DSAGEN_LOCK_TIMEOUT to wait longer)") from None
+    try:
+        if check_entry(final, key) is None:      # another process built it meanwhile
+            if verbose():
+                _log(f"{what} key={key[:16]} built by another process")
+            return Built(lib, key, True, time.time() - t0)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-        for f, text in srcs.items():
-            (tmp / f).write_text(text)
-        src_paths = [str(tmp / f) for f in CPU_SOURCES] + (
-            [str(tmp / f) for f in CUDA_SOURCES] if with_cuda else [])
-        print(f"[dsagen] building {name} ({'CPU+CUDA ' + ','.join(archs) if with_cuda else 'CPU'}) "
-              f"in {tmp} ...", file=sys.stderr, flush=True)
-        try:
-            cpp_extension.load(
-                name=name, sources=src_paths, build_directory=str(tmp), is_python_module=False,
-                extra_cflags=cflags, extra_cuda_cflags=cuda_flags,
-                extra_include_paths=[str(tmp)] + ([str(cutlass_include_dir())] if with_cuda else []),
-                with_cuda=with_cuda, verbose=verbose(),
-            )
-        except Exception as e:  # noqa: BLE001 - re-raised with context
-            raise BuildError(f"building {name} failed; sources and build.ninja kept in {tmp}\n{e}") from None
-        built = tmp / f"{name}.so"
+        for f in variant_files(with_cuda):
+            (tmp / f).write_text(sources[f])
+        _log(f"building {what} in {tmp} ...")
+        built = _compile(name, tmp, archs, with_cuda, inputs)
         (tmp / "manifest.json").write_text(json.dumps(
-            {"key": key, "name": name, "inputs": parts, "sha256": _sha256(built),
-             "built": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1))
+            {"key": key, "name": name, "inputs": inputs, "sha256": _sha256(built),
+             "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.time() - t0, 2)},
+            indent=1))
         if final.exists():
             shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
+    finally:
+        lock.release()
     dt = time.time() - t0
-    print(f"[dsagen] built {name} in {dt:.1f} s", file=sys.stderr, flush=True)
+    _log(f"built {what} key={key[:16]} in {dt:.1f} s")
     return Built(lib, key, False, dt, loaded=True)
+
+
+def _compile(name: str, tmp: Path, archs: list[str], with_cuda: bool, inputs: dict) -> Path:
+    from torch.utils import cpp_extension
+
+    src_paths = [str(tmp / f) for f in CPU_SOURCES] + (
+        [str(tmp / f) for f in CUDA_SOURCES] if with_cuda else [])
+    env_jobs = config.max_jobs()
+    old_jobs = os.environ.get("MAX_JOBS")
+    if env_jobs:
+        os.environ["MAX_JOBS"] = str(env_jobs)
+    try:
+        cpp_extension.load(
+            name=name, sources=src_paths, build_directory=str(tmp), is_python_module=False,
+            extra_cflags=inputs["cflags"], extra_cuda_cflags=inputs["cuda_flags"],
+            extra_include_paths=[str(tmp)] + ([str(cutlass_include_dir())] if with_cuda else []),
+            with_cuda=with_cuda, verbose=verbose(),
+        )
+    except Exception as e:  # noqa: BLE001 - re-raised with context
+        msg = str(e)
+        m = re.search(r"(/\S+\.(?:cu|cpp|h))[:(](\d+)", msg)
+        where = f"first error at {m.group(1)}:{m.group(2)}\n" if m else ""
+        raise BuildError(f"building {name} failed. {where}Kept sources and build file: "
+                         f"{tmp} (build.ninja holds the exact command lines)\n{msg}") from None
+    finally:
+        if env_jobs:
+            if old_jobs is None:
+                os.environ.pop("MAX_JOBS", None)
+            else:
+                os.environ["MAX_JOBS"] = old_jobs
+    return tmp / f"{name}.so"
 
 
 @dataclass

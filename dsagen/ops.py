@@ -21,12 +21,15 @@ _LOADED: dict[str, "Ops"] = {}
 
 
 def cuda_archs(spec: Spec) -> list[str]:
-    """The spec's targets that the current CUDA device can run (``sm_90a`` on Hopper...)."""
-    if not torch.cuda.is_available():
+    """The spec's targets (narrowed by ``DSAGEN_ARCH_LIST``) that the current CUDA device runs:
+    ``sm_90a`` on Hopper, ``sm_100a`` on Blackwell; empty without a matching device."""
+    from . import config
+    if not torch.cuda.is_available() or torch.version.cuda is None:
         return []
     major, minor = torch.cuda.get_device_capability()
     local = f"sm_{major}{minor}a"
-    return [t for t in spec.targets if t == local]
+    allowed = config.arch_list()
+    return [t for t in spec.targets if t == local and (allowed is None or t in allowed)]
 
 
 @dataclass
@@ -95,10 +98,15 @@ def load(spec: Spec | str | Path, *, with_cuda: bool | None = None, verbose: boo
     Returns:
         :class:`Ops` with ``store``, ``paged_logits`` and ``new_cache``.
     Raises:
-        dsagen.SpecError: bad spec file.  dsagen.jit.BuildError: compilation failed.
+        dsagen.SpecError: bad spec file.  dsagen.jit.BuildError: compilation failed or the
+        cache is not writable.  dsagen.jit.JitDisabledError: ``DSAGEN_DISABLE_JIT`` is set and
+        the build is not cached.  dsagen.jit.CaptureError: called during CUDA-graph capture.
     """
     if not isinstance(spec, Spec):
         spec = load_spec(spec)
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise jit.CaptureError(f"dsagen.load({spec.name}) called while a CUDA graph is being captured: "
+                               "load (and build) every spec before capturing")
     archs = cuda_archs(spec)
     if with_cuda is None:
         with_cuda = bool(archs)

@@ -1,0 +1,221 @@
+"""Ahead-of-time builds (``dsagen precompile``), cache inspection (``dsagen cache``) and the
+environment report (``dsagen doctor``)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__, config, jit
+from .spec import Spec
+
+
+@dataclass
+class VariantResult:
+    spec: str
+    variant: str          # "cpu" or the CUDA arch
+    ok: bool
+    cached: bool = False
+    seconds: float = 0.0
+    key: str = ""
+    note: str = ""
+
+
+def _build_variant(spec_dict: dict, source: str, archs: list[str], with_cuda: bool,
+                   cache_dir: str | None) -> tuple[str, bool, float, str]:
+    # runs in a fresh process: a build loads its library, and a namespace registers once
+    if cache_dir:
+        os.environ["DSAGEN_CACHE_DIR"] = cache_dir
+    from .codegen import namespace, render
+    spec = Spec.from_dict(spec_dict, source=source)
+    built = jit.build_extension(namespace(spec), render(spec), archs, with_cuda)
+    return built.key, built.cached, built.seconds, str(built.library)
+
+
+def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, jobs: int = 2,
+               log=print) -> list[VariantResult]:
+    """Build every variant of ``specs`` into the cache (or ``out``), ``jobs`` builds at a time.
+
+    Variants: the CPU extension, and for each requested arch among a spec's targets the CUDA
+    extension (it needs a CUDA build of torch and nvcc; otherwise the ``.cu`` sources are only
+    compiled with nvcc, and the result says so). Point ``DSAGEN_CACHE_DIR`` at ``out`` to use it.
+    """
+    import torch
+
+    cache_dir = str(Path(out).resolve()) if out else None
+    cuda_torch = torch.version.cuda is not None
+    nvcc = jit.find_nvcc()
+    todo: list[tuple[Spec, str, list[str], bool]] = []
+    results: list[VariantResult] = []
+    for s in specs:
+        todo.append((s, "cpu", [], False))
+        for a in archs:
+            if a not in s.targets:
+                results.append(VariantResult(s.name, a, True, note="not a target of this spec: skipped"))
+            elif cuda_torch and nvcc:
+                todo.append((s, a, [a], True))
+            else:
+                todo.append((s, a, [a], False))   # compile-only check
+    n = len(todo)
+    log(f"precompiling {n} variant(s) of {len(specs)} spec(s) into {cache_dir or config.cache_root()} "
+        f"with {jobs} job(s)")
+    done = 0
+    ctx = mp.get_context("spawn")
+    kw = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
+    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx, **kw) as ex:
+        futs = {}
+        for s, variant, a, with_cuda in todo:
+            if variant != "cpu" and not with_cuda:
+                continue
+            futs[ex.submit(_build_variant, s.to_dict(), s.source, a, with_cuda, cache_dir)] = (s, variant)
+        for s, variant, a, with_cuda in todo:       # compile-only checks, in this process
+            if variant == "cpu" or with_cuda:
+                continue
+            from .codegen import render
+            why = "this torch has no CUDA" if not cuda_torch else "nvcc not found"
+            if not nvcc:
+                r = VariantResult(s.name, variant, False, note="nvcc not found: CUDA not compiled")
+            else:
+                import tempfile
+                with tempfile.TemporaryDirectory(prefix="dsagen-nvcc-") as wd:
+                    rs = jit.nvcc_compile_only(render(s), [variant], workdir=Path(wd))
+                ok = all(x.ok for x in rs)
+                r = VariantResult(s.name, variant, ok, seconds=sum(x.seconds for x in rs),
+                                  note=(f"compiled with nvcc only ({why}): not packaged" if ok
+                                        else "\n".join(x.log for x in rs if not x.ok)))
+            done += 1
+            log(f"[{done}/{n}] {s.name} {variant}: {'ok' if r.ok else 'FAILED'} ({r.seconds:.1f} s) {r.note}")
+            results.append(r)
+        for f in as_completed(futs):
+            s, variant = futs[f]
+            try:
+                key, cached, secs, _lib = f.result()
+                r = VariantResult(s.name, variant, True, cached, secs, key,
+                                  "already in the cache" if cached else "built")
+            except Exception as e:  # noqa: BLE001 - reported per variant
+                r = VariantResult(s.name, variant, False, note=f"{type(e).__name__}: {e}")
+            done += 1
+            log(f"[{done}/{n}] {s.name} {variant}: {'ok' if r.ok else 'FAILED'} ({r.seconds:.1f} s) "
+                f"{r.note.splitlines()[0] if r.note else ''}")
+            results.append(r)
+    return results
+
+
+# ---- cache management ---------------------------------------------------------------------------
+
+@dataclass
+class Entry:
+    path: Path
+    name: str
+    key: str
+    size: int
+    status: str          # "ok" or the reason it is not usable
+    built: str
+    variant: str
+
+
+def _size(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def entries(root: Path | None = None) -> list[Entry]:
+    """Every build directory in the cache (complete or not)."""
+    import json
+    root = root or config.cache_root()
+    out = []
+    if not root.is_dir():
+        return out
+    for d in sorted(root.iterdir()):
+        if not d.is_dir() or d.name == "locks":
+            continue
+        if d.name.startswith("."):
+            out.append(Entry(d, d.name, "", _size(d), "unfinished build directory", "", ""))
+            continue
+        try:
+            m = json.loads((d / "manifest.json").read_text())
+        except (OSError, ValueError):
+            m = {}
+        status = jit.check_entry(d) or "ok"
+        inp = m.get("inputs", {})
+        variant = ("cuda " + ",".join(inp.get("archs", []))) if inp.get("archs") else "cpu"
+        out.append(Entry(d, m.get("name", d.name), m.get("key", "")[:16], _size(d), status,
+                         m.get("built", ""), variant))
+    return out
+
+
+def prune(root: Path | None = None, everything: bool = False, older_than_days: float | None = None) -> list[Entry]:
+    """Remove unusable entries (and unfinished build directories older than an hour); with
+    ``everything`` all entries, with ``older_than_days`` those built earlier. Returns what went."""
+    gone = []
+    now = time.time()
+    for e in entries(root):
+        age_days = (now - e.path.stat().st_mtime) / 86400
+        drop = everything or e.status != "ok"
+        if e.status == "unfinished build directory":
+            drop = everything or age_days > 1 / 24
+        if older_than_days is not None and age_days > older_than_days:
+            drop = True
+        if drop:
+            shutil.rmtree(e.path, ignore_errors=True)
+            gone.append(e)
+    return gone
+
+
+# ---- doctor --------------------------------------------------------------------------------------
+
+def _cmd_version(cmd: list[str], first: bool = False) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        lines = (out.stdout or out.stderr).strip().splitlines()
+        return lines[0 if first else -1]
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return "not found"
+
+
+def doctor() -> list[tuple[str, str]]:
+    """(item, value) lines describing this environment, for bug reports."""
+    import torch
+    rows: list[tuple[str, str]] = []
+    rows.append(("dsagen", f"{__version__} ({Path(__file__).resolve().parent})"))
+    rows.append(("python", f"{platform.python_version()} ({sys.executable})"))
+    rows.append(("platform", platform.platform()))
+    rows.append(("torch", f"{torch.__version__}, CUDA build {torch.version.cuda}"))
+    nvcc = jit.find_nvcc()
+    nv = jit.nvcc_version(nvcc) if nvcc else "not found"
+    flag = ""
+    if nvcc and torch.version.cuda and nv.split(".")[0] != torch.version.cuda.split(".")[0]:
+        flag = f"  !! major version differs from torch's CUDA {torch.version.cuda}"
+    rows.append(("nvcc", f"{nvcc or 'not found'} {nv}{flag}"))
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            rows.append((f"gpu {i}", f"{p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, "
+                                     f"{p.total_memory / 2**30:.0f} GiB"))
+    else:
+        rows.append(("gpu", "none visible to torch (CUDA kernels are compiled, not run)"))
+    ninja = shutil.which("ninja")
+    rows.append(("ninja", f"{ninja or 'not found'} {_cmd_version([ninja, '--version']) if ninja else ''}"))
+    cxx = os.environ.get("CXX") or shutil.which("c++") or "not found"
+    rows.append(("c++", f"{cxx} ({_cmd_version([cxx, '--version'], first=True) if cxx != 'not found' else ''})"))
+    try:
+        rows.append(("cutlass headers", f"{jit.cutlass_include_dir()} (nvidia-cutlass {jit.cutlass_version()})"))
+    except jit.BuildError as e:
+        rows.append(("cutlass headers", str(e)))
+    root = config.cache_root()
+    es = entries(root)
+    rows.append(("cache root", f"{root} ({'exists' if root.exists() else 'absent'}, "
+                               f"{'writable' if os.access(root if root.exists() else root.parent, os.W_OK) else 'read-only'})"))
+    rows.append(("cache", f"{len([e for e in es if e.status == 'ok'])} usable entries, "
+                          f"{sum(e.size for e in es) / 2**20:.1f} MiB, "
+                          f"{len([e for e in es if e.status != 'ok'])} unusable"))
+    rows.append(("lock dir", str(config.lock_dir())))
+    env = config.settings()
+    rows.append(("DSAGEN_* set", ", ".join(f"{k}={v}" for k, v in env.items()) or "none"))
+    return rows

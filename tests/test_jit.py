@@ -1,0 +1,257 @@
+"""The JIT cache: content-addressed keys, concurrent builds, crashed builders, corrupted
+artifacts, no-JIT mode and relocated read-only caches (CPU builds of a tiny spec)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dsagen import codegen, jit
+from dsagen.spec import Spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TINY = {
+    "name": "t_jit_tiny", "description": "jit tests", "head_dim": 32, "page_size": 16,
+    "key": {"dtype": "bf16"}, "scale": {"dtype": "none"},
+    "logits": {"num_heads": 8, "next_n": [1]}, "targets": ["sm_90a"],
+}
+
+# A child process: load the tiny spec, run paged_logits against the reference, print status.
+CHILD = textwrap.dedent("""
+    import json, sys, torch, dsagen
+    from dsagen import reference as R
+    from dsagen.verify import check_logits
+    spec = dsagen.Spec.from_dict(json.loads(sys.argv[1]))
+    ops = dsagen.load(spec, with_cuda=False)
+    row = check_logits(ops, spec, [5, 40], 1, torch.Generator().manual_seed(3), "cpu")
+    print("RESULT", row.passed, ops.library)
+""")
+
+
+def _env(cache: Path, **extra) -> dict:
+    env = dict(os.environ)
+    env["DSAGEN_CACHE_DIR"] = str(cache)
+    env.pop("DSAGEN_DISABLE_JIT", None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _child(cache: Path, **extra) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(TINY)], env=_env(cache, **extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _key(spec: Spec, with_cuda=False, archs=()) -> str:
+    return jit.cache_key(jit.key_inputs(codegen.render(spec), list(archs), with_cuda))
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Spec:
+    return Spec.from_dict(TINY)
+
+
+# ---- keys -------------------------------------------------------------------------------------
+
+def test_key_changes_with_template_edit(tiny, tmp_path, monkeypatch):
+    base = _key(tiny)
+    tdir = tmp_path / "templates"
+    shutil.copytree(codegen.TEMPLATE_DIR, tdir)
+    p = tdir / "cpu_ops.cpp.jinja"
+    p.write_text(p.read_text().replace("plain loops", "plain loops (edited)"))
+    import jinja2
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(tdir)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    monkeypatch.setattr(codegen, "_env", env)
+    assert _key(tiny) != base
+
+
+@pytest.mark.parametrize("var,value", [("DSAGEN_NVCC_FLAGS", "-DFOO=1"), ("DSAGEN_JIT_LINEINFO", "1"),
+                                       ("DSAGEN_JIT_DEBUG", "1")])
+def test_key_changes_with_flags(tiny, monkeypatch, var, value):
+    monkeypatch.delenv(var, raising=False)
+    base = _key(tiny, with_cuda=True, archs=["sm_90a"])
+    monkeypatch.setenv(var, value)
+    assert _key(tiny, with_cuda=True, archs=["sm_90a"]) != base
+
+
+def test_key_changes_with_versions_and_arch(tiny, monkeypatch):
+    import torch
+    base = _key(tiny, with_cuda=True, archs=["sm_90a"])
+    assert _key(tiny, with_cuda=True, archs=["sm_100a"]) != base
+    monkeypatch.setattr(jit, "__version__", "99.0")
+    assert _key(tiny, with_cuda=True, archs=["sm_90a"]) != base
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    assert _key(tiny, with_cuda=True, archs=["sm_90a"]) != base
+    monkeypatch.undo()
+    monkeypatch.setattr(jit, "nvcc_version", lambda *a: "1.2.3")
+    assert _key(tiny, with_cuda=True, archs=["sm_90a"]) != base
+
+
+def test_key_same_from_another_checkout_path(tiny, tmp_path):
+    copy = tmp_path / "elsewhere" / "checkout"
+    for d in ("dsagen", "templates", "specs"):
+        shutil.copytree(ROOT / d, copy / d, ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import json, sys; from dsagen import jit, codegen; from dsagen.spec import Spec; "
+            "s = Spec.from_dict(json.loads(sys.argv[1])); "
+            "print(jit.cache_key(jit.key_inputs(codegen.render(s), ['sm_90a'], True)), codegen.__file__)")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(TINY)], cwd=copy, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(copy)}, check=True).stdout.split()
+    assert out[1].startswith(str(copy)), out      # really the copy
+    assert out[0] == _key(tiny, with_cuda=True, archs=["sm_90a"])
+
+
+# ---- concurrency, crashes, corruption --------------------------------------------------------
+
+_OUTS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def built_cache(tmp_path_factory) -> Path:
+    """A cache filled by 8 processes loading the same uncached spec at once."""
+    cache = tmp_path_factory.mktemp("cache8")
+    procs = [_child(cache) for _ in range(8)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    _OUTS[cache] = [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
+    return cache
+
+
+def test_eight_processes_one_build(built_cache):
+    outs = _OUTS[built_cache]
+    for rc, out, err in outs:
+        assert rc == 0, err[-3000:]
+        assert "RESULT True" in out, out + err[-2000:]
+    builds = sum(err.count("[dsagen] building ") for _, _, err in outs)
+    assert builds == 1, [e for _, _, e in outs]
+    libs = {out.split()[-1] for _, out, _ in outs}
+    assert len(libs) == 1
+    ents = [d for d in built_cache.iterdir() if d.is_dir() and d.name != "locks"]
+    assert len(ents) == 1 and jit.check_entry(ents[0]) is None
+
+
+def test_sigkill_during_build_leaves_nothing_blocking(tmp_path):
+    cache = tmp_path / "cache"
+    p = _child(cache)
+    deadline = time.time() + 300
+    while time.time() < deadline:                      # wait until the build is under way
+        if cache.exists() and any(d.name.startswith(".t_jit") or d.name.startswith(".dsagen")
+                                  for d in cache.iterdir()):
+            break
+        time.sleep(0.2)
+    else:
+        p.kill()
+        pytest.fail("the build never started")
+    time.sleep(1.0)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    t0 = time.time()
+    q = _child(cache, DSAGEN_LOCK_TIMEOUT=120)
+    out, err = q.communicate(timeout=600)
+    assert q.returncode == 0 and "RESULT True" in out, err[-3000:]
+    assert "[dsagen] building " in err                 # rebuilt, not blocked
+    assert time.time() - t0 < 300
+
+
+def test_corrupted_artifact_is_rebuilt(built_cache, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(built_cache, cache)
+    (entry,) = [d for d in cache.iterdir() if d.is_dir() and d.name != "locks"]
+    lib = next(entry.glob("*.so"))
+    with open(lib, "ab") as f:
+        f.write(b"\0garbage")
+    assert "SHA-256" in jit.check_entry(entry)
+    p = _child(cache)
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0 and "RESULT True" in out, err[-3000:]
+    assert "[dsagen] building " in err
+    assert jit.check_entry(entry) is None
+
+
+def test_disable_jit_fails_fast_listing_missing(tmp_path):
+    t0 = time.time()
+    p = _child(tmp_path / "empty", DSAGEN_DISABLE_JIT=1)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode != 0
+    assert "JitDisabledError" in err and "t_jit_tiny" in err and "not in the cache" in err
+    assert "[dsagen] building " not in err
+    assert time.time() - t0 < 60
+
+
+def test_relocated_readonly_precompiled_cache_loads_without_building(built_cache, tmp_path):
+    moved = tmp_path / "image" / "dsagen-cache"
+    shutil.copytree(built_cache, moved)
+    for d, _, files in os.walk(moved):
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o444)
+        os.chmod(d, 0o555)
+    before = sorted(str(p) for p in moved.rglob("*"))
+    try:
+        for extra in ({"DSAGEN_DISABLE_JIT": 1}, {}):
+            p = _child(moved, DSAGEN_LOCK_DIR=tmp_path / "locks", **extra)
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0 and "RESULT True" in out, err[-3000:]
+            assert "[dsagen] building " not in err
+        assert sorted(str(p) for p in moved.rglob("*")) == before
+    finally:
+        for d, _, _ in os.walk(moved):
+            os.chmod(d, 0o755)
+
+
+def test_unwritable_cache_error_says_how_to_fix(tmp_path, monkeypatch, tiny):
+    # a regular file where the cache root should be: nothing can be created under it
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("DSAGEN_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.delenv("DSAGEN_DISABLE_JIT", raising=False)
+    with pytest.raises(jit.BuildError, match="not writable.*DSAGEN_CACHE_DIR"):
+        jit.build_extension(codegen.namespace(tiny) + "_unwritable", codegen.render(tiny), [], False)
+
+
+# ---- precompile, cache commands, doctor ------------------------------------------------------
+
+def _cli(*args, cache: Path, **extra) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dsagen.cli", *args], env=_env(cache, **extra),
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_precompile_and_cache_commands(built_cache, tmp_path, nvcc):
+    import yaml
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "aot"
+    shutil.copytree(built_cache, out)       # the CPU variant is there already; sm_90a is compiled
+    r = _cli("precompile", str(spec_file), "--arch", "sm_90a,sm_100a", "--out", str(out), cache=tmp_path / "x")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "t_jit_tiny cpu: ok" in r.stdout and "already in the cache" in r.stdout
+    assert "t_jit_tiny sm_90a: ok" in r.stdout
+    r = _cli("cache", "verify", cache=out)
+    assert r.returncode == 0 and r.stdout.count(" ok") == 1, r.stdout
+    r = _cli("cache", "ls", cache=out)
+    assert "t_jit_tiny" in r.stdout and "cpu" in r.stdout
+    (entry,) = [d for d in out.iterdir() if d.is_dir() and d.name != "locks"]
+    lib = next(entry.glob("*.so"))
+    lib.write_bytes(lib.read_bytes()[:-10])
+    r = _cli("cache", "verify", cache=out)
+    assert r.returncode == 1 and "SHA-256" in r.stdout
+    r = _cli("cache", "prune", cache=out)
+    assert "1 removed" in r.stdout and not entry.exists()
+    r = _cli("precompile", str(spec_file), "--arch", "sm_90", "--out", str(out), cache=out)
+    assert r.returncode == 2 and "sm_90" in r.stderr
+
+
+def test_doctor_reports(tmp_path):
+    r = _cli("doctor", cache=tmp_path, DSAGEN_JIT_VERBOSE=1)
+    assert r.returncode == 0, r.stderr
+    for item in ("dsagen:", "torch:", "nvcc:", "gpu", "ninja:", "cutlass headers:", "cache root:",
+                 "lock dir:", "DSAGEN_* set:"):
+        assert item in r.stdout, (item, r.stdout)
+    assert "DSAGEN_JIT_VERBOSE=1" in r.stdout
