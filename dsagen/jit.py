@@ -206,6 +206,12 @@ def build_extension(name: str, sources: dict[str, str], archs: list[str], with_c
     lib = final / f"{name}.so"
     what = f"{name} ({'CPU+CUDA ' + ','.join(archs) if with_cuda else 'CPU'})"
     reason = check_entry(final, key)
+    if reason is not None and with_cuda and inputs["nvcc"] == "none":
+        # no nvcc here (a serving image): accept a build that differs only in the nvcc it was
+        # built with; the manifest records which one.
+        alt = _find_without_nvcc(root, name, inputs)
+        if alt is not None:
+            final, lib, key, reason = alt, alt / f"{name}.so", json.loads((alt / "manifest.json").read_text())["key"], None
     if reason is None:
         if verbose():
             _log(f"{what} key={key[:16]} cache hit ({(time.time() - t0) * 1e3:.1f} ms)")
@@ -246,14 +252,36 @@ def build_extension(name: str, sources: dict[str, str], archs: list[str], with_c
             {"key": key, "name": name, "inputs": inputs, "sha256": _sha256(built),
              "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.time() - t0, 2)},
             indent=1))
+        # readable by every user (mkdtemp makes 0700): a cache built by root serves others
+        for dirpath, _dirs, _files in os.walk(tmp):
+            os.chmod(dirpath, 0o755)
+        for f in tmp.iterdir():
+            if f.is_file():
+                os.chmod(f, 0o644 if f.suffix != ".so" else 0o755)
         if final.exists():
             shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except OSError as e:
+            raise BuildError(f"built {what} in {tmp} but could not publish it as {final}: {e}") from None
     finally:
         lock.release()
     dt = time.time() - t0
     _log(f"built {what} key={key[:16]} in {dt:.1f} s")
     return Built(lib, key, False, dt, loaded=True)
+
+
+def _find_without_nvcc(root: Path, name: str, inputs: dict) -> Path | None:
+    want = {k: v for k, v in inputs.items() if k != "nvcc"}
+    for d in sorted(root.glob(f"{name}-*")):
+        try:
+            m = json.loads((d / "manifest.json").read_text())
+        except (OSError, ValueError):
+            continue
+        got = {k: v for k, v in m.get("inputs", {}).items() if k != "nvcc"}
+        if got == want and check_entry(d, m.get("key")) is None:
+            return d
+    return None
 
 
 def _compile(name: str, tmp: Path, archs: list[str], with_cuda: bool, inputs: dict) -> Path:

@@ -173,8 +173,8 @@ def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
         if sc is not None:
             s = s * sc[:, 0].to(compute_dtype)[None, :]
         out[b * next_n:(b + 1) * next_n, :L] = s
-    mask = valid_mask(cl, next_n, max_context_len)
-    out.masked_fill_(~mask, float("-inf"))
+    if max_context_len > 0:
+        out.masked_fill_(~valid_mask(cl, next_n, max_context_len), float("-inf"))
     return out
 
 

@@ -282,6 +282,14 @@ def _parse(data: Any, source: str) -> Spec:
         _choice(source, "targets", t, ARCHS)
     targets = tuple(dict.fromkeys(targets_v))
 
+    # the portable kernel keeps every query of a request in shared memory (227 KiB per block)
+    esize = key.bits // 8
+    for n in next_n:
+        smem = n * num_heads * head_dim * esize + 32 * (head_dim + 1) * 4 + 4 * n * 32 * 4
+        if smem > 227 * 1024:
+            raise SpecError(source, "logits.next_n",
+                            f"next_n={n} with num_heads={num_heads}, head_dim={head_dim} {key_dtype} needs "
+                            f"{smem // 1024} KiB of shared memory per block (max 227)")
     bpt = head_dim * key.bits // 8 + (head_dim // block) * SCALE_DTYPES[scale_dtype]
     stride_v = data.get("page_stride_bytes")
     stride = None

@@ -169,7 +169,7 @@ def test_bad_inputs_raise(dsagen_spec, dsagen_ops):
     q = torch.randn(1, n, H, D).to(spec.key.torch_dtype)
     w = torch.randn(n, H)
     cl = torch.tensor([3], dtype=torch.int32)
-    bt = torch.zeros(1, 1, dtype=torch.int32)
+    bt = torch.zeros(1, -(-3 // spec.page_size), dtype=torch.int32)   # covers 3 tokens
     ops.paged_logits(q, cache, w, cl, bt, 3)   # the good call works
     bad = [
         ((q[:, :, :H - 8], cache, w, cl, bt, 3), "q"),
@@ -177,7 +177,7 @@ def test_bad_inputs_raise(dsagen_spec, dsagen_ops):
         ((q, cache, w[:, 1:], cl, bt, 3), "weights"),
         ((q, cache, w, cl.long(), bt, 3), "context_lens"),
         ((q, cache, w, cl, bt.long(), 3), "block_table"),
-        ((q, cache, w, cl, bt, spec.page_size + 1), "max_context_len"),
+        ((q, cache, w, cl, bt, bt.shape[1] * spec.page_size + 1), "max_context_len"),
     ]
     missing = [m for m in range(1, 5) if m not in spec.next_n]
     if missing:

@@ -17,9 +17,9 @@ at::Tensor paged_logits_cpu(const at::Tensor& q, const at::Tensor& kv_cache, con
                             const at::Tensor& context_lens, const at::Tensor& block_table,
                             int64_t max_context_len, bool clean_logits);
 #ifdef DSAGEN_WITH_CUDA
-void launch_store(const void* k, bool k_fp32, uint8_t* kv_cache, const int64_t* loc, int64_t n,
-                  cudaStream_t stream);
-void launch_paged_logits(int next_n, const void* q, const uint8_t* kv_cache, const float* weights,
+cudaError_t launch_store(const void* k, bool k_fp32, uint8_t* kv_cache, const int64_t* loc, int64_t n,
+                         cudaStream_t stream);
+cudaError_t launch_paged_logits(int next_n, const void* q, const uint8_t* kv_cache, const float* weights,
                          const int* context_lens, bool ctx_2d, const int* block_table,
                          int64_t bt_stride, float* logits, int64_t max_context_len, int batch,
                          bool clean_logits, cudaStream_t stream);
@@ -62,8 +62,12 @@ static void check_logits(const at::Tensor& q, const at::Tensor& kv_cache, const 
               block_table.stride(1) == 1, "bf16_page64.paged_logits: block_table must be int32 [B, max_pages] with unit column stride");
   TORCH_CHECK(kv_cache.scalar_type() == at::kByte && kv_cache.dim() == 2 && kv_cache.size(1) == kPageStride &&
               kv_cache.is_contiguous(), "bf16_page64.paged_logits: kv_cache must be contiguous uint8 [num_pages, ", kPageStride, "]");
-  TORCH_CHECK(max_context_len >= 0 && max_context_len <= block_table.size(1) * kPageSize,
+  TORCH_CHECK(max_context_len >= 0 && max_context_len <= block_table.size(1) * kPageSize &&
+              max_context_len < (int64_t(1) << 31),
               "bf16_page64.paged_logits: max_context_len must be in [0, max_pages * page_size]");
+  TORCH_CHECK(q.device() == kv_cache.device() && weights.device() == kv_cache.device() &&
+              context_lens.device() == kv_cache.device() && block_table.device() == kv_cache.device(),
+              "bf16_page64.paged_logits: q, kv_cache, weights, context_lens and block_table must be on one device");
 }
 
 // Slot and page ids are checked on the CPU backend only: a check on CUDA would need a host sync
@@ -84,7 +88,15 @@ static at::Tensor paged_logits_cpu_op(const at::Tensor& q, const at::Tensor& kv_
                                       const at::Tensor& context_lens, const at::Tensor& block_table,
                                       int64_t max_context_len, bool clean_logits) {
   check_logits(q, kv_cache, weights, context_lens, block_table, max_context_len);
-  check_ids_cpu(block_table, kv_cache.size(0), "paged_logits: block_table (page ids)");
+  {  // the page ids each request reads must exist (columns past its length are never read)
+    const at::Tensor cl = context_lens.to(at::kLong).reshape({q.size(0), -1}).amax(1).clamp(0, max_context_len);
+    const at::Tensor bt = block_table.to(at::kLong);
+    for (int64_t b = 0; b < q.size(0); ++b) {
+      const int64_t pages = (cl[b].item<int64_t>() + kPageSize - 1) / kPageSize;
+      if (pages > 0)
+        check_ids_cpu(bt[b].narrow(0, 0, pages), kv_cache.size(0), "paged_logits: block_table (page ids)");
+    }
+  }
   return paged_logits_cpu(q, kv_cache, weights, context_lens, block_table, max_context_len, clean_logits);
 }
 
@@ -92,11 +104,12 @@ static at::Tensor paged_logits_cpu_op(const at::Tensor& q, const at::Tensor& kv_
 static void store_cuda_op(const at::Tensor& k_in, const at::Tensor& kv_cache, const at::Tensor& loc_in) {
   check_store(k_in, kv_cache, loc_in);
   const c10::cuda::CUDAGuard guard(kv_cache.device());
-  at::Tensor k = k_in.scalar_type() == at::kHalf ? k_in.to(at::kFloat) : k_in.contiguous();
+  at::Tensor k = (k_in.scalar_type() == at::kHalf ? k_in.to(at::kFloat) : k_in).contiguous();
   at::Tensor loc = loc_in.contiguous();
   if (k.size(0) == 0) return;
-  launch_store(k.data_ptr(), k.scalar_type() == at::kFloat, kv_cache.data_ptr<uint8_t>(),
-               loc.data_ptr<int64_t>(), k.size(0), at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = launch_store(k.data_ptr(), k.scalar_type() == at::kFloat, kv_cache.data_ptr<uint8_t>(),
+                                       loc.data_ptr<int64_t>(), k.size(0), at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "bf16_page64.store: CUDA launch failed: ", cudaGetErrorString(err));
 }
 
 static at::Tensor paged_logits_cuda_op(const at::Tensor& q_in, const at::Tensor& kv_cache, const at::Tensor& weights_in,
@@ -108,10 +121,11 @@ static at::Tensor paged_logits_cuda_op(const at::Tensor& q_in, const at::Tensor&
   const int64_t B = q.size(0), next_n = q.size(1);
   at::Tensor out = at::empty({B * next_n, max_context_len}, q.options().dtype(at::kFloat));
   if (B == 0 || max_context_len == 0) return out;
-  launch_paged_logits(int(next_n), q.data_ptr(), kv_cache.data_ptr<uint8_t>(), weights.data_ptr<float>(),
+  const cudaError_t err = launch_paged_logits(int(next_n), q.data_ptr(), kv_cache.data_ptr<uint8_t>(), weights.data_ptr<float>(),
                       cl.data_ptr<int>(), cl.dim() == 2, block_table.data_ptr<int>(), block_table.stride(0),
                       out.data_ptr<float>(), max_context_len, int(B), clean_logits,
                       at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "bf16_page64.paged_logits: CUDA launch failed: ", cudaGetErrorString(err));
   return out;
 }
 #endif

@@ -409,56 +409,65 @@ static int wgmma_smem_bytes() {
   return 1024 + kStages * kTileBytes + 2 * N * kRowBytes + kStages * kTile * 4 + 2 * N * 4;
 }
 
+// Per-device, per-instantiation launch configuration (the shared-memory opt-in is per device).
+constexpr int kMaxDevices = 64;
+
 template <int NEXT_N>
-static void launch(const void* q, const uint8_t* kv_cache, const float* weights, const int* context_lens,
-                   bool ctx_2d, const int* block_table, int64_t bt_stride, float* logits,
-                   int64_t max_context_len, int batch, bool clean_logits, cudaStream_t stream) {
+static cudaError_t launch(const void* q, const uint8_t* kv_cache, const float* weights, const int* context_lens,
+                          bool ctx_2d, const int* block_table, int64_t bt_stride, float* logits,
+                          int64_t max_context_len, int batch, bool clean_logits, cudaStream_t stream) {
   int dev = 0;
-  cudaGetDevice(&dev);
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
   int major = 0, sms = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (major == 9 && wgmma_smem_bytes<NEXT_N>() <= 227 * 1024) {
-    static int blocks_per_sm = 0;   // per process; dsagen loads one device kind at a time
+    static int blocks_per_sm[kMaxDevices] = {};
     const int smem = wgmma_smem_bytes<NEXT_N>();
-    if (blocks_per_sm == 0) {
-      cudaFuncSetAttribute(paged_logits_wgmma<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, paged_logits_wgmma<NEXT_N>, 128, smem);
-      if (blocks_per_sm < 1) blocks_per_sm = 1;
+    if (blocks_per_sm[dev] == 0) {
+      err = cudaFuncSetAttribute(paged_logits_wgmma<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+      int n = 0;
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, paged_logits_wgmma<NEXT_N>, 128, smem);
+      if (err != cudaSuccess) return err;
+      blocks_per_sm[dev] = n < 1 ? 1 : n;
     }
-    paged_logits_wgmma<NEXT_N><<<sms * blocks_per_sm, 128, smem, stream>>>(
+    paged_logits_wgmma<NEXT_N><<<sms * blocks_per_sm[dev], 128, smem, stream>>>(
         static_cast<const uint8_t*>(q), kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride,
         logits, max_context_len, batch, clean_logits);
-    return;
+    return cudaGetLastError();
   }
   constexpr int N = NEXT_N * kNumHeads;
   const int smem = N * kHeadDim * int(sizeof(KeyT)) + 32 * (kHeadDim + 1) * 4 + 4 * NEXT_N * 32 * 4;
-  static bool configured = false;
-  if (!configured) {
-    cudaFuncSetAttribute(paged_logits_simt<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    configured = true;
+  static bool configured[kMaxDevices] = {};
+  if (!configured[dev]) {
+    err = cudaFuncSetAttribute(paged_logits_simt<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    configured[dev] = true;
   }
+  if (batch > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(unsigned((max_context_len + 31) / 32), unsigned(batch));
   paged_logits_simt<NEXT_N><<<grid, 128, smem, stream>>>(
       static_cast<const KeyT*>(q), kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits,
       max_context_len, clean_logits);
+  return cudaGetLastError();
 }
 
-void launch_paged_logits(int next_n, const void* q, const uint8_t* kv_cache, const float* weights,
-                         const int* context_lens, bool ctx_2d, const int* block_table, int64_t bt_stride,
-                         float* logits, int64_t max_context_len, int batch, bool clean_logits,
-                         cudaStream_t stream) {
+cudaError_t launch_paged_logits(int next_n, const void* q, const uint8_t* kv_cache, const float* weights,
+                                const int* context_lens, bool ctx_2d, const int* block_table, int64_t bt_stride,
+                                float* logits, int64_t max_context_len, int batch, bool clean_logits,
+                                cudaStream_t stream) {
   switch (next_n) {
     case 1:
-      launch<1>(q, kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits,
-                       max_context_len, batch, clean_logits, stream);
-      break;
+      return launch<1>(q, kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits,
+                              max_context_len, batch, clean_logits, stream);
     case 2:
-      launch<2>(q, kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits,
-                       max_context_len, batch, clean_logits, stream);
-      break;
+      return launch<2>(q, kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits,
+                              max_context_len, batch, clean_logits, stream);
     default:
-      break;
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -56,10 +56,11 @@ store_kernel(const void* __restrict__ k, bool k_fp32, uint8_t* __restrict__ kv_c
     reinterpret_cast<V*>(dst)[i] = reinterpret_cast<const V*>(out.b)[i];
 }
 
-void launch_store(const void* k, bool k_fp32, uint8_t* kv_cache, const int64_t* loc, int64_t n,
-                  cudaStream_t stream) {
+cudaError_t launch_store(const void* k, bool k_fp32, uint8_t* kv_cache, const int64_t* loc, int64_t n,
+                         cudaStream_t stream) {
   const int64_t blocks = (n + kTokensPerBlock - 1) / kTokensPerBlock;
   store_kernel<<<dim3(unsigned(blocks)), kTokensPerBlock * 32, 0, stream>>>(k, k_fp32, kv_cache, loc, n);
+  return cudaGetLastError();
 }
 
 }  // namespace dsagen_bf16_page64_23ed68a3df
