@@ -181,6 +181,8 @@ def default_cases(device: str, gen: torch.Generator):
     if device != "cpu":
         cases.append(([32768 + 17, 40000], False))
         cases.append((g(3, 65536), False))
+    # more than 128 requests (the kernel's two-pass schedule), empty requests
+    cases.append(([0, 5, 0, 200] + g(130, 300), False))
     return cases
 
 
@@ -211,6 +213,11 @@ def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = Fa
             rep.rows.append(row)
         row = check_logits(ops, spec, [130, 65], next_n, gen, device, clean_logits=False,
                            max_context_len=150)
+        row.backend = device
+        rep.rows.append(row)
+        # max_context_len shorter than the contexts: columns are cut, not wrapped
+        row = check_logits(ops, spec, [130, 300, 64], next_n, gen, device, max_context_len=100)
+        row.shape += " max_len=100"
         row.backend = device
         rep.rows.append(row)
     return rep

@@ -119,6 +119,9 @@ static at::Tensor paged_logits_cuda_op(const at::Tensor& q_in, const at::Tensor&
   const c10::cuda::CUDAGuard guard(kv_cache.device());
   at::Tensor q = q_in.contiguous(), weights = weights_in.contiguous(), cl = context_lens_in.contiguous();
   const int64_t B = q.size(0), next_n = q.size(1);
+  for (const at::Tensor* t : {&q, &kv_cache, &weights})   // cp.async moves 16-byte chunks
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                "fp8_e4m3_page64.paged_logits: q, kv_cache and weights must be 16-byte aligned");
   at::Tensor out = at::empty({B * next_n, max_context_len}, q.options().dtype(at::kFloat));
   if (B == 0 || max_context_len == 0) return out;
   const cudaError_t err = launch_paged_logits(int(next_n), q.data_ptr(), kv_cache.data_ptr<uint8_t>(), weights.data_ptr<float>(),
