@@ -1,0 +1,105 @@
+"""Serving-side helpers: a multi-layer indexer key pool and a deterministic top-k.
+
+``IndexerKCache`` holds every layer's pages in one allocation; each layer's view carries its own
+byte offset, so layer ``l`` reads its own keys and scales (a public bug had every layer > 0 read
+layer 0's scales, invisible until the context exceeded ``index_topk``).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import reference as R
+from .spec import Spec
+
+__all__ = ["IndexerKCache", "topk"]
+
+
+class IndexerKCache:
+    """Indexer key cache of ``num_layers`` layers, ``num_pages`` pages each, one allocation.
+
+    Args:
+        spec: the layout (a :class:`dsagen.Spec` or a YAML path).
+        num_layers, num_pages: pool size; ``nbytes = num_layers * num_pages * spec.page_bytes``.
+        device: where the pool lives; the generated ops are built for it on first use.
+        ops: already loaded ops (default: ``dsagen.load(spec)``).
+    """
+
+    def __init__(self, spec, num_layers: int, num_pages: int, device="cpu", ops=None):
+        from . import load
+        from .spec import load_spec
+        self.spec: Spec = spec if isinstance(spec, Spec) else load_spec(spec)
+        if num_layers < 1 or num_pages < 1:
+            raise ValueError("num_layers and num_pages must be >= 1")
+        self.num_layers, self.num_pages = num_layers, num_pages
+        self.ops = ops if ops is not None else load(self.spec)
+        self.pool = torch.zeros(num_layers, num_pages, self.spec.page_bytes, dtype=torch.uint8,
+                                device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.pool.numel()
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.spec.bytes_per_token
+
+    def layer(self, layer: int) -> torch.Tensor:
+        """uint8 ``[num_pages, page_bytes]`` view of one layer (contiguous, its own offset)."""
+        if not 0 <= layer < self.num_layers:
+            raise IndexError(f"layer {layer} not in [0, {self.num_layers})")
+        return self.pool[layer]
+
+    def store(self, layer: int, k: torch.Tensor, loc: torch.Tensor) -> None:
+        """Quantize ``k [N, head_dim]`` into slots ``loc [N]`` (int64) of ``layer``."""
+        self.ops.store(k, self.layer(layer), loc)
+
+    def paged_logits(self, layer: int, q, weights, context_lens, block_table, max_context_len: int,
+                     clean_logits: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode logits of ``layer`` (DeepGEMM ``fp8_paged_mqa_logits`` semantics; shapes as in
+        :meth:`dsagen.ops.Ops.paged_logits`). ``out``, if given, receives the result."""
+        res = self.ops.paged_logits(q, self.layer(layer), weights, context_lens, block_table,
+                                    max_context_len, clean_logits)
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+
+    def gather(self, layer: int, block_table: torch.Tensor, cu_seq_lens: torch.Tensor):
+        """Contiguous keys of requests for prefill.
+
+        Args:
+            block_table: int32 ``[B, max_pages]``.
+            cu_seq_lens: int ``[B+1]`` prefix sums of the requests' lengths.
+        Returns:
+            ``(k_q [S, head_dim]`` in the key dtype, ``scale [S, scales_per_token]`` fp32 or None),
+            ``S = cu_seq_lens[-1]``, requests one after another.
+        """
+        ps = self.spec.page_size
+        cu = cu_seq_lens.to(torch.int64)
+        lens = cu[1:] - cu[:-1]
+        b = torch.repeat_interleave(torch.arange(len(lens), device=cu.device), lens)
+        j = torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][b]
+        slots = block_table.to(torch.int64)[b, j // ps] * ps + j % ps
+        return R.read_tokens(self.layer(layer), slots, self.spec)
+
+
+def topk(logits: torch.Tensor, lengths: torch.Tensor, index_topk: int) -> torch.Tensor:
+    """Token indices of the ``index_topk`` largest logits of each row, deterministically.
+
+    Args:
+        logits: fp32 ``[rows, max_len]``; entries at ``j >= lengths[row]`` are ignored
+            (``clean_logits=False`` output is fine), ``-inf`` entries are never selected.
+        lengths: int ``[rows]`` valid keys per row.
+        index_topk: how many to keep (512, 1024, 2048 in DeepSeek V3.2).
+    Returns:
+        int32 ``[rows, index_topk]``, best first; ties go to the smaller index; ``-1`` pads rows
+        with fewer valid keys (an all ``-inf`` row is all ``-1``). No host synchronization.
+    """
+    rows, n = logits.shape
+    j = torch.arange(n, device=logits.device)
+    x = logits.masked_fill(j[None, :] >= lengths.to(logits.device)[:, None].long(), float("-inf"))
+    if n < index_topk:
+        x = torch.cat([x, x.new_full((rows, index_topk - n), float("-inf"))], 1)
+    vals, idx = torch.sort(x, dim=1, descending=True, stable=True)
+    vals, idx = vals[:, :index_topk], idx[:, :index_topk]
+    return torch.where(torch.isneginf(vals), torch.full_like(idx, -1), idx).to(torch.int32)
