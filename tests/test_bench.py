@@ -103,7 +103,7 @@ def test_make_logits_inputs_cpu(name):
     assert inp["context_lens"].dtype == torch.int32 and inp["context_lens"].tolist() == lens
     bt = inp["block_table"]
     assert bt.dtype == torch.int32 and bt.shape[0] == B and bt.shape[1] % 32 == 0
-    pages = [2, 1, 1, 5]
+    pages = [max(1, -(-c // spec.page_size)) for c in lens]
     used = torch.cat([bt[b, :n] for b, n in enumerate(pages)])
     assert sorted(used.tolist()) == list(range(sum(pages)))      # a permutation of the pages
     assert int(bt.min()) >= 0 and int(bt.max()) < sum(pages)
