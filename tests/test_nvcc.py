@@ -30,6 +30,9 @@ def test_nvcc_compiles(dsagen_spec, nvcc, tmp_path):
 
 def test_nvcc_compiles_variant(variant_spec, nvcc, tmp_path):
     # fp8 interleaved (4-byte aligned keys) takes the non-WGMMA sm_90a kernel; fp16 head_dim 64
-    # the fp16 WGMMA instantiation: neither is used by a shipped spec
+    # a one-atom fp16 WGMMA instantiation. The shipped fp8_e4m3_interleaved_page64 spec compiles
+    # the first path already, so only the second is compiled here (CI time).
     assert uses_wgmma(variant_spec) == (variant_spec.key_dtype == "fp16")
+    if not uses_wgmma(variant_spec):
+        pytest.skip("same kernel path as the shipped fp8_e4m3_interleaved_page64 spec")
     _compile(variant_spec, tmp_path)

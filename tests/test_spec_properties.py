@@ -41,7 +41,7 @@ def valid_specs(draw, max_heads: int = 128):
     return d
 
 
-@settings(max_examples=4, deadline=None, derandomize=False,
+@settings(max_examples=3, deadline=None, derandomize=False,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(valid_specs(max_heads=32))
 def test_random_valid_spec_builds_and_verifies_on_cpu(d):
