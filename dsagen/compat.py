@@ -1,0 +1,72 @@
+"""Drop-in replacements for DeepGEMM's paged indexer-logits entry points, backed by the
+generated kernels of the matching spec (``specs/fp8_e4m3_page64.yaml`` by default).
+
+    import dsagen.compat as dg                      # instead of: import deep_gemm as dg
+    meta = dg.get_paged_mqa_logits_metadata(context_lens, 64, num_sms)
+    logits = dg.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, meta,
+                                     max_context_len, clean_logits=False)
+
+The generated kernel computes its schedule on the device, so the metadata is only a placeholder
+of the shape DeepGEMM returns. To switch a stack to bf16 keys, load ``specs/bf16_page64.yaml``
+with :func:`use_spec` and pass bf16 ``q`` and the bf16 cache (``kv_cache [num_pages, 64, 1, 256]``).
+"""
+from __future__ import annotations
+
+import torch
+
+from .spec import shipped_spec_paths
+
+_OPS = None
+
+
+def use_spec(spec) -> None:
+    """Back the entry points with another layout (a :class:`dsagen.Spec` or a YAML path)."""
+    global _OPS
+    from . import load
+    _OPS = load(spec)
+
+
+def _ops():
+    global _OPS
+    if _OPS is None:
+        from . import load
+        default = [p for p in shipped_spec_paths() if p.stem == "fp8_e4m3_page64"][0]
+        _OPS = load(default)
+    return _OPS
+
+
+def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
+    """DeepGEMM's signature; returns int32 ``[num_sms + 1, 2]`` zeros (the generated kernel
+    schedules on the device and ignores it).
+
+    Raises:
+        ValueError: ``block_kv`` differs from the spec's page size.
+    """
+    if block_kv != _ops().spec.page_size:
+        raise ValueError(f"block_kv={block_kv} but the loaded spec has page_size {_ops().spec.page_size}")
+    return torch.zeros(num_sms + 1, 2, dtype=torch.int32, device=context_lens.device)
+
+
+def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                         context_lens: torch.Tensor, block_table: torch.Tensor,
+                         schedule_meta: torch.Tensor, max_context_len: int,
+                         clean_logits: bool = False) -> torch.Tensor:
+    """DeepGEMM ``fp8_paged_mqa_logits`` signature and semantics.
+
+    Args:
+        q: ``[B, next_n, num_heads, head_dim]`` (e4m3 for the fp8 layout).
+        kv_cache: uint8 ``[num_pages, page_size, 1, bytes_per_token]`` (DeepGEMM's view) or
+            ``[num_pages, page_bytes]``.
+        weights: fp32 ``[B*next_n, num_heads]``; context_lens int32 ``[B]`` or ``[B, next_n]``;
+        block_table: int32 ``[B, max_pages]``; schedule_meta: ignored.
+    Returns:
+        fp32 ``[B*next_n, max_context_len]``.
+    """
+    ops = _ops()
+    spec = ops.spec
+    if kv_cache.dim() == 4:
+        if tuple(kv_cache.shape[1:]) != (spec.page_size, 1, spec.bytes_per_token):
+            raise ValueError(f"kv_cache must be [num_pages, {spec.page_size}, 1, {spec.bytes_per_token}], "
+                             f"got {list(kv_cache.shape)}")
+        kv_cache = kv_cache.view(torch.uint8).reshape(kv_cache.shape[0], spec.page_bytes)
+    return ops.paged_logits(q, kv_cache, weights, context_lens, block_table, max_context_len, clean_logits)
