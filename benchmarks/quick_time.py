@@ -5,7 +5,6 @@ import time
 import torch
 
 import dsagen
-from dsagen import reference as R
 from dsagen.verify import random_keys
 
 
@@ -39,6 +38,19 @@ def time_fn(fns, iters=50):
     return v[len(v) // 2]
 
 
+def decode_inputs(ops, spec, B, next_n, ctx, g, device="cuda"):
+    """One input set for paged_logits: every request `ctx` long, a random page permutation."""
+    P = ctx // spec.page_size
+    cache = ops.new_cache(B * P, device)
+    ops.store(random_keys(B * P * spec.page_size, spec.head_dim, g, device), cache,
+              torch.arange(B * P * spec.page_size, device=device))
+    bt = torch.randperm(B * P, device=device).to(torch.int32).view(B, P)
+    q = (torch.randn(B, next_n, spec.num_heads, spec.head_dim, device=device) * 4).to(spec.key.torch_dtype)
+    w = torch.randn(B * next_n, spec.num_heads, device=device)
+    cl = torch.full((B,), ctx, dtype=torch.int32, device=device)
+    return q, cache, w, cl, bt
+
+
 def main(specs):
     bw = copy_bw()
     print(f"copy bandwidth {bw:.0f} GB/s ({torch.cuda.get_device_name()})")
@@ -48,19 +60,8 @@ def main(specs):
         ops = dsagen.load(spec)
         for B, ctx in ((32, 8192), (128, 8192), (32, 32768), (128, 32768), (128, 65536)):
             for next_n in spec.next_n:
-                ps = spec.page_size
-                P = ctx // ps
-                sets = []
                 nsets = max(4, int(256e6 // (B * ctx * spec.bytes_per_token)) + 1)
-                for _ in range(nsets):
-                    cache = ops.new_cache(B * P, "cuda")
-                    ops.store(random_keys(B * P * ps, spec.head_dim, g, "cuda"), cache,
-                              torch.arange(B * P * ps, device="cuda"))
-                    bt = torch.randperm(B * P, device="cuda").to(torch.int32).view(B, P)
-                    q = (torch.randn(B, next_n, spec.num_heads, spec.head_dim, device="cuda") * 4).to(spec.key.torch_dtype)
-                    w = torch.randn(B * next_n, spec.num_heads, device="cuda")
-                    cl = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
-                    sets.append((q, cache, w, cl, bt))
+                sets = [decode_inputs(ops, spec, B, next_n, ctx, g) for _ in range(nsets)]
                 fns = [lambda a=a: ops.paged_logits(*a, ctx, True) for a in sets]
                 us = time_fn(fns)
                 nbytes = B * ctx * spec.bytes_per_token + sets[0][0].numel() * sets[0][0].element_size() \

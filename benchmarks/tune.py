@@ -8,8 +8,7 @@ import torch
 
 import dsagen
 from dsagen import verify as V
-from quick_time import copy_bw, time_fn
-from dsagen.verify import random_keys
+from quick_time import copy_bw, decode_inputs, time_fn
 
 SHAPES = [(32, 8192), (128, 8192), (128, 32768)]
 
@@ -30,18 +29,8 @@ def main(path, tunings):
         print(f"{spec.name} {tuning}: rel_l2 {' '.join(acc)}", flush=True)
         for B, ctx in SHAPES:
             for next_n in spec.next_n:
-                P = ctx // spec.page_size
-                sets = []
                 nsets = max(4, int(256e6 // (B * ctx * spec.bytes_per_token)) + 1)
-                for _ in range(nsets):
-                    cache = ops.new_cache(B * P, "cuda")
-                    ops.store(random_keys(B * P * spec.page_size, spec.head_dim, g, "cuda"), cache,
-                              torch.arange(B * P * spec.page_size, device="cuda"))
-                    bt = torch.randperm(B * P, device="cuda").to(torch.int32).view(B, P)
-                    q = (torch.randn(B, next_n, spec.num_heads, spec.head_dim, device="cuda") * 4).to(spec.key.torch_dtype)
-                    w = torch.randn(B * next_n, spec.num_heads, device="cuda")
-                    cl = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
-                    sets.append((q, cache, w, cl, bt))
+                sets = [decode_inputs(ops, spec, B, next_n, ctx, g) for _ in range(nsets)]
                 us = time_fn([lambda a=a: ops.paged_logits(*a, ctx, True) for a in sets], iters=60)
                 nbytes = B * ctx * spec.bytes_per_token + B * next_n * spec.num_heads * (spec.head_dim * spec.key.bits // 8 + 4) + B * next_n * ctx * 4
                 gbs = nbytes / us / 1e3
