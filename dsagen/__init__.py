@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 __all__ = ["Spec", "SpecError", "load_spec", "load", "__version__"]
 
 
-def load(spec, *, with_cuda=None, verbose=False, tuning=None):
+def load(spec, *, with_cuda=None, tuning=None):
     """Build (or load from cache) the ops of a spec; see :func:`dsagen.ops.load`."""
     from .ops import load as _load
-    return _load(spec, with_cuda=with_cuda, verbose=verbose, tuning=tuning)
+    return _load(spec, with_cuda=with_cuda, tuning=tuning)

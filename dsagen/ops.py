@@ -86,7 +86,7 @@ def _register_fake(ns: str) -> None:
         return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
 
 
-def load(spec: Spec | str | Path, *, with_cuda: bool | None = None, verbose: bool = False,
+def load(spec: Spec | str | Path, *, with_cuda: bool | None = None,
          tuning: dict | None = None) -> Ops:
     """Build (or load from the cache) and register the ops of ``spec``.
 
