@@ -121,10 +121,16 @@ def test_logits_masks_poison_and_accuracy(dsagen_spec, dsagen_ops, gen, repro):
 
 def test_store_then_logits_vs_unquantized(dsagen_spec, dsagen_ops, gen, repro):
     """End to end through the ops: store bf16 keys, read logits; against float64 logits of the
-    unquantized keys the DeepGEMM accuracy bound (calc_diff < 1e-3) holds."""
+    unquantized keys the DeepGEMM accuracy bound (calc_diff < 1e-3) holds.
+
+    calc_diff of e4m3 keys is ~3.5e-4 on average but heavy-tailed over few tokens (the per-token
+    magnitudes are log-normal): with 11 tokens 11% of draws exceed 1e-3, with 64 tokens 4%, with
+    ~2000 tokens none of 300 draws did (max 7.9e-4). So the requests hold ~2000 tokens whatever
+    the page size, still ending mid-page."""
     spec, ops = dsagen_spec, dsagen_ops
     ps, B, next_n = spec.page_size, 3, spec.next_n[-1]
-    lens = [5 * ps + 3, 2 * ps - 1, ps + 1]
+    u = max(ps, 256)
+    lens = [5 * u + 3, 2 * u - 1, u + 1]
     pages_per = [-(-n // ps) for n in lens]
     perm = torch.randperm(sum(pages_per) + 2, generator=gen)
     cache = ops.new_cache(len(perm))
