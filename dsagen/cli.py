@@ -189,6 +189,87 @@ def precompile(specs, arch, out, jobs):
 
 
 @main.command()
+@click.argument("specs", nargs=-1, required=True, type=click.Path())
+@click.option("--context", "contexts", default=None, metavar="N,N,...",
+              help="Comma list of context lengths in tokens [default: 4096,8192,16384,32768,65536,131072; "
+                   "with --dump: the dump's whole length].")
+@click.option("--index-topk", type=int, default=512, show_default=True,
+              help="Keys the indexer keeps per query.")
+@click.option("--compress-ratio", type=int, default=4, show_default=True,
+              help="Tokens per indexer key: the indexer scores context // compress_ratio keys "
+                   "(DeepSeek V4-style compressed indexer keys; 1 = one key per token as in V3.2). "
+                   "DESIGN.md does not define it; this is dsagen's interpretation.")
+@click.option("--queries", type=int, default=64, show_default=True,
+              help="Synthetic queries per context (each with one planted needle; ignored with --dump).")
+@click.option("--out", type=click.Path(file_okay=False), default="recall_out", show_default=True,
+              help="Folder for recall.json and recall.png.")
+@click.option("--dump", type=click.Path(dir_okay=False), default=None,
+              help="safetensors file of real inputs: q [T, H, D], k [N, D], weights [T, H], "
+                   "optional lengths [T] (see dsagen.recall.load_dump).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic inputs.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where the layout kernels run (auto: CUDA when a device matches the spec targets).")
+@click.option("--hadamard/--no-hadamard", default=True, show_default=True,
+              help="Rotate the synthetic q and k with a Hadamard matrix before quantization (DeepSeek V3.2).")
+def recall(specs, contexts, index_topk, compress_ratio, queries, out, dump, seed, device, hadamard):
+    """Top-k recall of each layout's indexer against the exact float64 ranking.
+
+    For each layout and context length: model-like queries and keys (heavy-tailed, outlier
+    channels, Hadamard-rotated as in DeepSeek V3.2, one planted needle per query at a margin
+    swept from 1 to 0.0003 standard deviations above the top-k threshold), or real ones from
+    --dump, are stored through the layout's store op and scored by its paged_logits op; the
+    top-k is compared with the top-k of exact float64 logits of the unquantized q and k.
+    Prints a table and writes recall.json and recall.png into --out.
+    """
+    import torch
+
+    from . import jit
+    from .ops import cuda_archs
+    from .recall import format_table, run_recall, write_outputs
+
+    t0 = time.time()
+    ss = _specs(specs)
+    ctx = None
+    if contexts is not None:
+        try:
+            ctx = [int(c) for c in contexts.split(",") if c.strip()]
+        except ValueError:
+            raise UsageFailure(f"--context: {contexts!r} is not a comma list of integers") from None
+        if not ctx or min(ctx) < 1:
+            raise UsageFailure(f"--context: {contexts!r} must list positive integers")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageFailure("--device cuda: no CUDA device")
+    use_cuda = device == "cuda" or (device == "auto" and all(cuda_archs(s) for s in ss))
+    dev = "cuda" if use_cuda else "cpu"
+    log = lambda m: click.echo(m, err=True)  # noqa: E731
+    bar = None
+
+    def progress(done, total, label):
+        nonlocal bar
+        if bar is None:
+            bar = click.progressbar(length=total, label="dsagen recall", file=sys.stderr,
+                                    item_show_func=lambda x: x)
+            bar.__enter__()
+        else:
+            bar.update(1, label)
+    try:
+        res = run_recall(ss, contexts=ctx, index_topk=index_topk, compress_ratio=compress_ratio,
+                         num_queries=queries, seed=seed, device=dev, dump=dump, log=log,
+                         rotate=hadamard, progress=progress)
+    except (ValueError, FileNotFoundError) as e:
+        raise UsageFailure(str(e)) from None
+    except jit.BuildError as e:
+        click.echo(f"BUILD FAILED:\n{e}", err=True)
+        sys.exit(1)
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+    click.echo(format_table(res))
+    js, png = write_outputs(res, out)
+    click.echo(f"wrote {js} and {png} ({time.time() - t0:.1f} s)")
+
+
+@main.command()
 def doctor():
     """Versions, paths, GPU, cache and settings: one report to paste in a bug."""
     from .aot import doctor as run_doctor
