@@ -45,7 +45,7 @@ def decode_inputs(ops, spec, B, next_n, ctx, g, device="cuda"):
     ops.store(random_keys(B * P * spec.page_size, spec.head_dim, g, device), cache,
               torch.arange(B * P * spec.page_size, device=device))
     bt = torch.randperm(B * P, device=device).to(torch.int32).view(B, P)
-    q = (torch.randn(B, next_n, spec.num_heads, spec.head_dim, device=device) * 4).to(spec.key.torch_dtype)
+    q = (torch.randn(B, next_n, spec.num_heads, spec.head_dim, device=device) * 4).to(spec.query.torch_dtype)
     w = torch.randn(B * next_n, spec.num_heads, device=device)
     cl = torch.full((B,), ctx, dtype=torch.int32, device=device)
     return q, cache, w, cl, bt

@@ -32,7 +32,7 @@ def main(path, tunings):
                 nsets = max(4, int(256e6 // (B * ctx * spec.bytes_per_token)) + 1)
                 sets = [decode_inputs(ops, spec, B, next_n, ctx, g) for _ in range(nsets)]
                 us = time_fn([lambda a=a: ops.paged_logits(*a, ctx, True) for a in sets], iters=60)
-                nbytes = B * ctx * spec.bytes_per_token + B * next_n * spec.num_heads * (spec.head_dim * spec.key.bits // 8 + 4) + B * next_n * ctx * 4
+                nbytes = B * ctx * spec.bytes_per_token + B * next_n * spec.num_heads * (spec.head_dim * spec.query.bits // 8 + 4) + B * next_n * ctx * 4
                 gbs = nbytes / us / 1e3
                 print(f"  B={B:4d} next_n={next_n} ctx={ctx:6d} {us:8.1f} us {gbs:6.0f} GB/s {100 * gbs / bw:5.1f}%", flush=True)
                 del sets

@@ -131,7 +131,7 @@ def paged_logits_bytes(spec: Spec, B: int, next_n: int, sum_context_lens: int,
     (``B*next_n*num_heads*head_dim`` elements of the key dtype) + weights (fp32
     ``B*next_n*num_heads``) + logits written (fp32 ``B*next_n*max_context_len``).
     """
-    q = B * next_n * spec.num_heads * spec.head_dim * spec.key.bits // 8
+    q = B * next_n * spec.num_heads * spec.head_dim * spec.query.bits // 8
     w = B * next_n * spec.num_heads * 4
     logits = B * next_n * max_context_len * 4
     return sum_context_lens * spec.bytes_per_token + q + w + logits
@@ -237,7 +237,7 @@ def make_logits_inputs(spec: Spec, store: StoreFn, context_lens: Sequence[int], 
     q = torch.randn(B, next_n, spec.num_heads, spec.head_dim, generator=g, device=device)
     if spec.key_dtype == "e4m3":
         q.mul_(8.0)
-    q = q.to(spec.key.torch_dtype)
+    q = q.to(spec.query.torch_dtype)
     w = torch.randn(B * next_n, spec.num_heads, generator=g, device=device)
     cl = torch.tensor([int(c) for c in context_lens], dtype=torch.int32, device=device)
     return {"q": q, "kv_cache": cache, "weights": w, "context_lens": cl,

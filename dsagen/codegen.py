@@ -71,6 +71,7 @@ def namespace(spec: Spec, tuning: dict[str, Any] | None = None) -> str:
 def uses_wgmma(spec: Spec) -> bool:
     """Whether the sm_90a tensor-core (WGMMA) paged-logits kernel applies to this layout."""
     return (spec.key_dtype in ("e4m3", "bf16", "fp16")
+            and spec.scale_dtype in ("fp32", "none") and spec.scales_per_token <= 1
             and spec.key_bytes_per_token % 128 == 0
             and spec.key_align == 16)
 
@@ -105,8 +106,8 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "spec": spec,
         "ns": namespace(spec, tuning),
         "lay": spec.layout,
-        "q_scalar": {"e4m3": "kFloat8_e4m3fn", "bf16": "kBFloat16", "fp16": "kHalf"}[spec.key_dtype],
-        "q_dtype_name": f"torch.{spec.key.torch_name}",
+        "q_scalar": {"e4m3": "kFloat8_e4m3fn", "bf16": "kBFloat16", "fp16": "kHalf"}[spec.query.name],
+        "q_dtype_name": f"torch.{spec.query.torch_name}",
         "store_vec": math.gcd(lane_bytes, spec.key_align),
         "wgmma": uses_wgmma(spec) and tune["kernel"] == "wgmma",
         "stages": int(tune["stages"]),

@@ -28,11 +28,25 @@ KEY_DTYPES: dict[str, DType] = {
     "e4m3": DType("e4m3", 8, "float8_e4m3fn", "c10::Float8_e4m3fn", "__nv_fp8_e4m3", 448.0, "fp8"),
     "bf16": DType("bf16", 16, "bfloat16", "c10::BFloat16", "__nv_bfloat16", 0.0, "bf16"),
     "fp16": DType("fp16", 16, "float16", "c10::Half", "__half", 0.0, "fp16"),
+    # OCP FP4 (E2M1): values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, two per byte
+    # (element 2i in the low nibble, 2i+1 in the high nibble). No torch arithmetic dtype exists:
+    # the reference decodes the nibbles itself and q stays bf16.
+    "e2m1": DType("e2m1", 4, "uint8", "uint8_t", "uint8_t", 6.0, "fp4"),
 }
+
+# values of the 8 non-negative E2M1 codes (code | 8 is the negative)
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 SCALE_DTYPES: dict[str, int] = {
     # name -> bytes per scale
     "fp32": 4,
+    "ue8m0": 1,     # one biased exponent byte e: scale = 2**(e - 127)
     "none": 0,
 }
+
+
+def query_dtype(key: DType) -> DType:
+    """The dtype of ``q`` that goes with keys of this dtype: e4m3 queries for e4m3 keys
+    (DeepGEMM ``fp8_paged_mqa_logits``), bf16 for e2m1 keys, else the key dtype."""
+    return KEY_DTYPES["bf16"] if key.name == "e2m1" else key
 

@@ -64,7 +64,8 @@ class Ops:
         """Indexer logits over the paged cache; DeepGEMM ``fp8_paged_mqa_logits`` semantics.
 
         Args:
-            q: ``[B, next_n, num_heads, head_dim]``, e4m3 for e4m3 layouts, else the key dtype.
+            q: ``[B, next_n, num_heads, head_dim]`` in ``spec.query``: e4m3 for e4m3 layouts,
+                bf16 for e2m1 (FP4) layouts, else the key dtype.
             kv_cache: uint8 ``[num_pages, page_bytes]``.
             weights: fp32 ``[B*next_n, num_heads]`` (query scales folded in by the caller).
             context_lens: int32 ``[B]`` or ``[B, next_n]``.

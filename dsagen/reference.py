@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .dtypes import E2M1_VALUES
 from .spec import Spec
 
 __all__ = [
@@ -27,6 +28,25 @@ def _pow2_ceil(s: torch.Tensor) -> torch.Tensor:
     return torch.where(m == 0.5, s, torch.ldexp(torch.ones_like(s), e))
 
 
+def _e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """uint8 E2M1 codes (sign in bit 3) of float32 ``x``: round to nearest, ties to the even
+    code, saturating at 6. The thresholds are the midpoints of the grid 0, .5, 1, 1.5, 2, 3, 4, 6."""
+    a = x.abs()
+    code = torch.zeros_like(a, dtype=torch.uint8)
+    # (midpoint, tie goes up?) -- up exactly when the upper neighbour's code is even
+    for i, (mid, up) in enumerate(((0.25, False), (0.75, True), (1.25, False), (1.75, True),
+                                   (2.5, False), (3.5, True), (5.0, False))):
+        code += ((a > mid) | ((a == mid) & up)).to(torch.uint8)
+    return code | (torch.signbit(x).to(torch.uint8) << 3)
+
+
+def _e2m1_values(code: torch.Tensor) -> torch.Tensor:
+    """float32 values of uint8 E2M1 codes."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=code.device)
+    v = table[(code & 7).long()]
+    return torch.where((code & 8) != 0, -v, v)
+
+
 def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Quantize keys the way the layout stores them.
 
@@ -34,9 +54,14 @@ def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | 
         k: ``[N, head_dim]`` bf16/fp16/fp32 keys.
         spec: the layout.
     Returns:
-        ``(k_q [N, head_dim]`` in the key dtype, ``scale [N, scales_per_token]`` float32 or None).
-        For e4m3: ``amax = max(|k|, 1e-4)`` per block, ``scale = amax / 448`` (``pow2`` rounding:
-        ``2**ceil(log2(amax/448))``, DeepSeek V3.2's ue8m0 format), ``k_q = e4m3(k / scale)``.
+        ``(k_q [N, head_dim]``, ``scale [N, scales_per_token]`` float32 or None). ``k_q`` is in
+        the key dtype, except e2m1: float32 holding the E2M1 grid values (exact).
+        Per block of ``scale.block`` elements: ``amax = max(|k|, 1e-4)``, ``scale = amax / max``
+        (max = 448 for e4m3, 6 for e2m1); ``pow2`` rounding (always for ue8m0 scales):
+        ``2**ceil(log2(scale))``, DeepSeek V3.2's ue8m0 format; ``k_q = key_dtype(k / scale)``
+        (round to nearest even, saturating).
+    Raises:
+        ValueError: a pow2 scale outside the ue8m0 range ``2**-127 .. 2**127``.
     """
     kd = spec.key
     if not spec.quantized:
@@ -46,8 +71,31 @@ def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | 
     scale = amax / kd.max_value
     if spec.scale_rounding == "pow2":
         scale = _pow2_ceil(scale)
-    kq = (x / scale[..., None]).to(kd.torch_dtype).reshape(k.shape[0], spec.head_dim)
+    y = x / scale[..., None]
+    if kd.name == "e2m1":
+        kq = _e2m1_values(_e2m1_codes(y)).reshape(k.shape[0], spec.head_dim)
+    else:
+        kq = y.to(kd.torch_dtype).reshape(k.shape[0], spec.head_dim)
     return kq, scale
+
+
+def _key_bytes(kq: torch.Tensor, spec: Spec) -> torch.Tensor:
+    """uint8 ``[N, key_bytes_per_token]`` storage of quantized keys (packs e2m1 nibbles)."""
+    if spec.key.name == "e2m1":
+        c = _e2m1_codes(kq.float())
+        return c[:, 0::2] | (c[:, 1::2] << 4)
+    return kq.contiguous().view(torch.uint8).reshape(kq.shape[0], -1)
+
+
+def _scale_bytes(scale: torch.Tensor, spec: Spec) -> torch.Tensor:
+    """uint8 ``[N, scale_bytes_per_token]`` storage of float32 scales."""
+    if spec.scale_dtype == "ue8m0":
+        _, e = torch.frexp(scale)          # scale = 0.5 * 2**e exactly (a power of two)
+        biased = e.long() - 1 + 127
+        if bool(((biased < 0) | (biased > 254)).any()):
+            raise ValueError("scale outside the ue8m0 range 2**-127 .. 2**127")
+        return biased.to(torch.uint8)
+    return scale.contiguous().view(torch.uint8).reshape(scale.shape[0], -1)
 
 
 def _offsets(spec: Spec, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,23 +117,32 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
     key_off, scale_off = _offsets(spec, loc.to(kv_cache.device))
     kb = spec.key_bytes_per_token
     idx = key_off[:, None] + torch.arange(kb, device=flat.device)
-    flat[idx.reshape(-1)] = kq.contiguous().view(torch.uint8).reshape(-1).to(flat.device)
+    flat[idx.reshape(-1)] = _key_bytes(kq, spec).reshape(-1).to(flat.device)
     if scale is not None:
         sb = spec.scale_bytes_per_token
         idx = scale_off[:, None] + torch.arange(sb, device=flat.device)
-        flat[idx.reshape(-1)] = scale.contiguous().view(torch.uint8).reshape(-1).to(flat.device)
+        flat[idx.reshape(-1)] = _scale_bytes(scale, spec).reshape(-1).to(flat.device)
 
 
 def read_tokens(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec):
-    """Raw stored values of some slots: ``(k_q [n, head_dim]`` key dtype, ``scale [n, s]`` fp32 or None)."""
+    """Raw stored values of some slots: ``(k_q [n, head_dim]``, ``scale [n, scales_per_token]``
+    float32 or None). ``k_q`` is in the key dtype (e2m1: float32 grid values, exact)."""
     flat = kv_cache.reshape(-1)
     key_off, scale_off = _offsets(spec, slots.to(flat.device))
     kb = spec.key_bytes_per_token
-    kq = flat[key_off[:, None] + torch.arange(kb, device=flat.device)].view(spec.key.torch_dtype)
+    raw = flat[key_off[:, None] + torch.arange(kb, device=flat.device)]
+    if spec.key.name == "e2m1":
+        kq = torch.stack((_e2m1_values(raw & 15), _e2m1_values(raw >> 4)), -1).reshape(raw.shape[0], -1)
+    else:
+        kq = raw.view(spec.key.torch_dtype)
     if not spec.quantized:
         return kq, None
     sb = spec.scale_bytes_per_token
-    sc = flat[scale_off[:, None] + torch.arange(sb, device=flat.device)].view(torch.float32)
+    sraw = flat[scale_off[:, None] + torch.arange(sb, device=flat.device)]
+    if spec.scale_dtype == "ue8m0":
+        sc = torch.ldexp(torch.ones_like(sraw, dtype=torch.float32), sraw.long() - 127)
+    else:
+        sc = sraw.view(torch.float32)
     return kq, sc
 
 
@@ -140,9 +197,12 @@ def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
     """Lightning-indexer paged logits, matching DeepGEMM ``fp8_paged_mqa_logits``.
 
     ``logits[b*next_n+i, j] = k_scale[j] * sum_h weights[b*next_n+i, h] * relu(q[b,i,h] . k_q[j])``
+    (with several scales per token, ``scale.block < head_dim``: ``sum_h w * relu(q . k[j])`` of the
+    dequantized key ``k[j] = k_q[j] * scale[j, d // block]``).
 
     Args:
-        q: ``[B, next_n, num_heads, head_dim]`` (e4m3 for e4m3 layouts, else the key dtype).
+        q: ``[B, next_n, num_heads, head_dim]`` in ``spec.query`` (e4m3 for e4m3 layouts, bf16
+            for e2m1, else the key dtype).
         kv_cache: uint8 ``[num_pages, page_bytes]``.
         weights: fp32 ``[B*next_n, num_heads]``.
         context_lens: int32 ``[B]`` or ``[B, next_n]``.
@@ -168,9 +228,12 @@ def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
         slots = block_table[b].to(dev).long()[j // ps] * ps + j % ps
         kq, sc = read_tokens(kv_cache, slots, spec)
         k = kq.to(compute_dtype)
+        if sc is not None and spec.scales_per_token > 1:   # block scales: dequantize first
+            k = (k.view(L, spec.scales_per_token, spec.scale_block)
+                 * sc.to(compute_dtype)[..., None]).view(L, spec.head_dim)
         s = torch.relu(torch.einsum("ihd,jd->ihj", q[b].to(compute_dtype), k))
         s = (s * weights[b * next_n:(b + 1) * next_n].to(compute_dtype)[:, :, None]).sum(1)
-        if sc is not None:
+        if sc is not None and spec.scales_per_token == 1:
             s = s * sc[:, 0].to(compute_dtype)[None, :]
         out[b * next_n:(b + 1) * next_n, :L] = s
     if max_context_len > 0:
@@ -193,12 +256,20 @@ def fallback_paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     P = (max_context_len + ps - 1) // ps
     pages = kv_cache[block_table[:, :P].long()]                     # [B, P, page_bytes]
     o = torch.arange(ps, device=q.device)
-    kidx = (o * lay.key_token_stride)[:, None] + torch.arange(spec.key_bytes_per_token, device=q.device)
-    keys = pages[:, :, kidx].view(spec.key.torch_dtype).to(torch.bfloat16)   # [B, P, ps, D]
-    if spec.quantized:
-        sidx = (lay.scale_base + o * lay.scale_token_stride)[:, None] + torch.arange(4, device=q.device)
-        sc = pages[:, :, sidx].view(torch.float32)                  # [B, P, ps, 1]
-        keys = (keys * sc).to(torch.bfloat16)
+    if spec.key.name == "e2m1" or spec.scale_dtype == "ue8m0":
+        # no torch dtype views these bytes: decode through the reference's reader
+        slots = (torch.arange(B * P, device=q.device)[:, None] * ps + o).reshape(-1)
+        k = dequantize(pages.reshape(B * P, -1), slots, spec).to(torch.bfloat16)
+        keys = k.view(B, P, ps, D)
+    else:
+        kidx = (o * lay.key_token_stride)[:, None] + torch.arange(spec.key_bytes_per_token, device=q.device)
+        keys = pages[:, :, kidx].view(spec.key.torch_dtype).to(torch.bfloat16)   # [B, P, ps, D]
+        if spec.quantized:
+            sidx = ((lay.scale_base + o * lay.scale_token_stride)[:, None]
+                    + torch.arange(spec.scale_bytes_per_token, device=q.device))
+            sc = pages[:, :, sidx].view(torch.float32)              # [B, P, ps, scales]
+            keys = (keys.view(B, P, ps, spec.scales_per_token, spec.scale_block)
+                    * sc[..., None]).view(B, P, ps, D).to(torch.bfloat16)
     keys = keys.reshape(B, P * ps, D)
     s = torch.bmm(q.to(torch.bfloat16).reshape(B, next_n * H, D), keys.transpose(1, 2))
     s = torch.relu(s.float()).view(B, next_n, H, P * ps) * weights.view(B, next_n, H, 1)

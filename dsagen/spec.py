@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
-from .dtypes import KEY_DTYPES, SCALE_DTYPES, DType
+from .dtypes import KEY_DTYPES, SCALE_DTYPES, DType, query_dtype
 
 ARCHS = ("sm_90a", "sm_100a")
-PLACEMENTS = ("page_tail", "interleaved")
+PLACEMENTS = ("page_tail", "interleaved", "separate")   # separate: rejected with a message
 ROUNDINGS = ("none", "pow2")
 HEAD_DIMS = (32, 64, 128, 256)
 
@@ -72,6 +72,11 @@ class Spec:
     @property
     def key(self) -> DType:
         return KEY_DTYPES[self.key_dtype]
+
+    @property
+    def query(self) -> DType:
+        """dtype of ``q`` for this layout (e4m3 for e4m3 keys, bf16 for e2m1, else the key's)."""
+        return query_dtype(self.key)
 
     @property
     def quantized(self) -> bool:
@@ -238,9 +243,18 @@ def _parse(data: Any, source: str) -> Spec:
     quant_default = "fp32" if key.max_value else "none"
     scale_dtype = _choice(source, "scale.dtype", _get(data, "scale.dtype") or quant_default,
                           tuple(SCALE_DTYPES))
-    rounding = _choice(source, "scale.rounding", _get(data, "scale.rounding") or "none", ROUNDINGS)
+    rounding_default = "pow2" if scale_dtype == "ue8m0" else "none"
+    rounding = _choice(source, "scale.rounding", _get(data, "scale.rounding") or rounding_default,
+                       ROUNDINGS)
+    if scale_dtype == "ue8m0" and rounding != "pow2":
+        raise SpecError(source, "scale.rounding",
+                        f"{rounding!r}: a ue8m0 scale is a power of two; rounding must be pow2")
     placement = _choice(source, "scale.placement", _get(data, "scale.placement") or "page_tail",
                         PLACEMENTS)
+    if placement == "separate":
+        raise SpecError(source, "scale.placement",
+                        "'separate' (scales in their own tensor) is not supported yet; use page_tail "
+                        "or interleaved")
     block_v = _get(data, "scale.block")
     block = head_dim if block_v is None else _int(source, "scale.block", block_v)
 
@@ -252,11 +266,9 @@ def _parse(data: Any, source: str) -> Spec:
     if scale_dtype == "none" and rounding != "none":
         raise SpecError(source, "scale.rounding", "rounding needs a scale (scale.dtype is none)")
     if scale_dtype != "none":
-        if block <= 0 or head_dim % block:
-            raise SpecError(source, "scale.block", f"{block} does not divide head_dim {head_dim}")
-        if block != head_dim:
+        if not (_pow2(block) and 16 <= block <= head_dim):
             raise SpecError(source, "scale.block",
-                            f"{block}: only one scale per token (block == head_dim) is supported so far")
+                            f"{block} must be a power of two in [16, head_dim={head_dim}]")
 
     num_heads = _int(source, "logits.num_heads", _get(data, "logits.num_heads"))
     if not 8 <= num_heads <= 128 or num_heads % 8:
@@ -283,7 +295,7 @@ def _parse(data: Any, source: str) -> Spec:
     targets = tuple(dict.fromkeys(targets_v))
 
     # the portable kernel keeps every query of a request in shared memory (227 KiB per block)
-    esize = key.bits // 8
+    esize = query_dtype(key).bits // 8
     for n in next_n:
         smem = n * num_heads * head_dim * esize + 32 * (head_dim + 1) * 4 + 4 * n * 32 * 4
         if smem > 227 * 1024:

@@ -73,7 +73,7 @@ def random_q(spec: Spec, B: int, next_n: int, gen: torch.Generator, device) -> t
     q = torch.randn(B, next_n, spec.num_heads, spec.head_dim, generator=gen)
     if spec.key_dtype == "e4m3":
         q = q * 8.0
-    return q.to(device=device, dtype=spec.key.torch_dtype)
+    return q.to(device=device, dtype=spec.query.torch_dtype)
 
 
 def make_cache(spec: Spec, context_lens: list[int], gen: torch.Generator, device,

@@ -61,6 +61,19 @@ VARIANTS = {
         key={"dtype": "e4m3"},
         scale={"dtype": "fp32", "rounding": "pow2", "block": 128, "placement": "interleaved"},
         logits={"num_heads": 32, "next_n": [1, 3]}, targets=["sm_90a", "sm_100a"]),
+    # FP4 keys at head_dim 32 (one element per store lane: nibbles packed across lanes),
+    # ue8m0 per 16 elements interleaved with the keys (18 B/token: unaligned rows), page 8
+    "fp4_d32_ue8m0_interleaved_page8": dict(
+        name="t_fp4_d32_ue8m0_interleaved_page8", head_dim=32, page_size=8,
+        key={"dtype": "e2m1"},
+        scale={"dtype": "ue8m0", "block": 16, "placement": "interleaved"},
+        logits={"num_heads": 8, "next_n": [1, 4]}, targets=["sm_90a", "sm_100a"]),
+    # e4m3 with fp32 scales per 64 elements, head_dim 256, page-tail
+    "fp8_d256_block64_page32": dict(
+        name="t_fp8_d256_block64_page32", head_dim=256, page_size=32,
+        key={"dtype": "e4m3"},
+        scale={"dtype": "fp32", "block": 64, "placement": "page_tail"},
+        logits={"num_heads": 16, "next_n": [2]}, targets=["sm_90a", "sm_100a"]),
     # fp16 keys, head_dim 64, one token per page, 16 heads, next_n 2 and 4
     "fp16_d64_page1": dict(
         name="t_fp16_d64_page1", head_dim=64, page_size=1,

@@ -98,7 +98,7 @@ def test_make_logits_inputs_cpu(name):
                                 chunk_tokens=100)
     B = len(lens)
     assert inp["q"].shape == (B, 2, spec.num_heads, spec.head_dim)
-    assert inp["q"].dtype == spec.key.torch_dtype
+    assert inp["q"].dtype == spec.query.torch_dtype
     assert inp["weights"].shape == (B * 2, spec.num_heads) and inp["weights"].dtype == torch.float32
     assert inp["context_lens"].dtype == torch.int32 and inp["context_lens"].tolist() == lens
     bt = inp["block_table"]

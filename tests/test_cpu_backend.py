@@ -81,7 +81,9 @@ def test_store_changes_only_its_slots(dsagen_spec, dsagen_ops, gen, repro, k_dty
     assert torch.equal(cache, ref), f"{int((cache != ref).sum())} bytes differ {repro}"
     # and the stored values are the keys (to quantization error)
     back = R.dequantize(cache, loc, spec)
-    assert rel_err(back, k.float()) < (2 ** -4 if spec.quantized else 2 ** -7), repro
+    # e4m3 keeps 3 mantissa bits, e2m1 one, bf16/fp16 unscaled 7 or more
+    bound = {"e4m3": 2 ** -4, "e2m1": 2 ** -2}.get(spec.key_dtype, 2 ** -7)
+    assert rel_err(back, k.float()) < bound, repro
 
 
 def test_store_empty(dsagen_spec, dsagen_ops):
@@ -121,7 +123,7 @@ def test_logits_masks_poison_and_accuracy(dsagen_spec, dsagen_ops, gen, repro):
 
 def test_store_then_logits_vs_unquantized(dsagen_spec, dsagen_ops, gen, repro):
     """End to end through the ops: store bf16 keys, read logits; against float64 logits of the
-    unquantized keys the DeepGEMM accuracy bound (calc_diff < 1e-3) holds.
+    unquantized keys the DeepGEMM accuracy bound (calc_diff < 1e-3) holds (FP4: 3e-2, below).
 
     calc_diff of e4m3 keys is ~3.5e-4 on average but heavy-tailed over few tokens (the per-token
     magnitudes are log-normal): with 11 tokens 11% of draws exceed 1e-3, with 64 tokens 4%, with
@@ -156,7 +158,11 @@ def test_store_then_logits_vs_unquantized(dsagen_spec, dsagen_ops, gen, repro):
     want.masked_fill_(~R.valid_mask(cl, next_n, max(lens)), float("-inf"))
     assert torch.equal(torch.isneginf(out), torch.isneginf(want))
     v = torch.isfinite(want)
-    assert R.calc_diff(out[v], want[v]) < 1e-3, repro
+    # FP4 (one mantissa bit) is far coarser: over 100 draws of 2000 tokens calc_diff averaged
+    # 7.3e-3 (max 1.4e-2) for fp4_e2m1_page64, so it gets 3e-2 (a check of the stored values,
+    # not a claim that FP4 keys are accurate: `dsagen recall` measures what that costs).
+    bound = 3e-2 if spec.key_dtype == "e2m1" else 1e-3
+    assert R.calc_diff(out[v], want[v]) < bound, repro
 
 
 def test_bad_inputs_raise(dsagen_spec, dsagen_ops):
@@ -172,7 +178,7 @@ def test_bad_inputs_raise(dsagen_spec, dsagen_ops):
         ops.store(torch.randn(2, D), torch.zeros(2, spec.page_bytes + 16, dtype=torch.uint8), loc)
     with pytest.raises(RuntimeError, match="kv_cache"):
         ops.store(torch.randn(2, D), torch.zeros(2, 2 * spec.page_bytes, dtype=torch.uint8)[:, ::2], loc)
-    q = torch.randn(1, n, H, D).to(spec.key.torch_dtype)
+    q = torch.randn(1, n, H, D).to(spec.query.torch_dtype)
     w = torch.randn(n, H)
     cl = torch.tensor([3], dtype=torch.int32)
     bt = torch.zeros(1, -(-3 // spec.page_size), dtype=torch.int32)   # covers 3 tokens
@@ -188,7 +194,7 @@ def test_bad_inputs_raise(dsagen_spec, dsagen_ops):
     missing = [m for m in range(1, 5) if m not in spec.next_n]
     if missing:
         m = missing[0]
-        bad.append(((torch.randn(1, m, H, D).to(spec.key.torch_dtype), cache, torch.randn(m, H),
+        bad.append(((torch.randn(1, m, H, D).to(spec.query.torch_dtype), cache, torch.randn(m, H),
                      cl, bt, 3), "next_n"))
     for args, what in bad:
         with pytest.raises(RuntimeError, match=what):
@@ -230,7 +236,7 @@ def test_out_of_range_ids_raise(case):
         ops = dsagen.load(spec)
         D, ps = spec.head_dim, spec.page_size
         cache = ops.new_cache(2)
-        q = torch.randn(1, 1, spec.num_heads, D).to(spec.key.torch_dtype)
+        q = torch.randn(1, 1, spec.num_heads, D).to(spec.query.torch_dtype)
         w = torch.randn(1, spec.num_heads)
         try:
             {BOUNDS[case]}

@@ -31,7 +31,24 @@ SMALL_SPECS = {
     "bf16": Spec.from_dict({**SMALL, "key": {"dtype": "bf16"}, "scale": {"dtype": "none"}}),
     "fp16_padded": Spec.from_dict({**SMALL, "key": {"dtype": "fp16"}, "scale": {"dtype": "none"},
                                    "page_stride_bytes": 272}),
+    # DeepSeek V3.2 ue8m0 exponent bytes, two 16-element blocks per token, interleaved
+    "e4m3_ue8m0_block16_interleaved": small(scale_dtype="ue8m0", scale_rounding="pow2",
+                                            scale_block=16, scale_placement="interleaved"),
+    # FP4: packed e2m1 + ue8m0 per 16 elements at the page tail (DESIGN.md fp4 layout, smaller)
+    "e2m1_ue8m0_block16": small(key_dtype="e2m1", scale_dtype="ue8m0", scale_rounding="pow2",
+                                scale_block=16),
+    # e4m3 with fp32 block scales
+    "e4m3_fp32_block16": small(scale_block=16),
 }
+
+# E2M1 magnitudes by code, written out here (independent of dsagen.dtypes)
+_FP4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def naive_scale_bytes(spec: Spec) -> int:
+    if not spec.quantized:
+        return 0
+    return (spec.head_dim // spec.scale_block) * {"fp32": 4, "ue8m0": 1}[spec.scale_dtype]
 
 
 def rel_err(x, ref) -> float:
@@ -46,21 +63,45 @@ def naive_addr(spec: Spec, slot: int) -> tuple[int, int]:
     """(first key byte, first scale byte) of a slot, from the spec's fields alone."""
     page, off = divmod(slot, spec.page_size)
     kb = spec.head_dim * spec.key.bits // 8
-    sb = 4 if spec.scale_dtype == "fp32" else 0
+    sb = naive_scale_bytes(spec)
     stride = spec.page_stride_bytes or spec.page_size * (kb + sb)
     if spec.scale_placement == "page_tail":
         return page * stride + off * kb, page * stride + spec.page_size * kb + off * sb
     return page * stride + off * (kb + sb), page * stride + off * (kb + sb) + kb
 
 
-def naive_read(cache: torch.Tensor, spec: Spec, slot: int) -> tuple[torch.Tensor, float]:
-    """(stored key as float64 [head_dim], its scale) of a slot."""
+def naive_scales(cache: torch.Tensor, spec: Spec, slot: int) -> list[float]:
+    """The scales of a slot, decoded from their bytes."""
     flat = cache.reshape(-1)
-    k0, s0 = naive_addr(spec, slot)
+    _, s0 = naive_addr(spec, slot)
+    n = spec.head_dim // spec.scale_block
+    if spec.scale_dtype == "ue8m0":
+        return [2.0 ** (int(flat[s0 + i]) - 127) for i in range(n)]
+    return [float(flat[s0 + 4 * i:s0 + 4 * i + 4].clone().view(torch.float32)) for i in range(n)]
+
+
+def naive_read(cache: torch.Tensor, spec: Spec, slot: int) -> tuple[torch.Tensor, float]:
+    """(key of a slot as float64 [head_dim], the factor left to apply to its dot products).
+    With one scale per token the key is the stored value and the factor its scale; with block
+    scales the key is dequantized here and the factor is 1."""
+    flat = cache.reshape(-1)
+    k0, _ = naive_addr(spec, slot)
     kb = spec.head_dim * spec.key.bits // 8
-    k = flat[k0:k0 + kb].clone().view(spec.key.torch_dtype).double()
-    s = float(flat[s0:s0 + 4].clone().view(torch.float32)) if spec.quantized else 1.0
-    return k, s
+    raw = flat[k0:k0 + kb].clone()
+    if spec.key_dtype == "e2m1":
+        vals = []
+        for byte in raw.tolist():
+            for code in (byte & 15, byte >> 4):
+                vals.append(-_FP4[code & 7] if code & 8 else _FP4[code & 7])
+        k = torch.tensor(vals, dtype=torch.float64)
+    else:
+        k = raw.view(spec.key.torch_dtype).double()
+    if not spec.quantized:
+        return k, 1.0
+    sc = naive_scales(cache, spec, slot)
+    if len(sc) == 1:
+        return k, sc[0]
+    return k * torch.tensor(sc, dtype=torch.float64).repeat_interleave(spec.scale_block), 1.0
 
 
 def naive_visible(ctx: torch.Tensor, b: int, i: int, next_n: int, j: int) -> bool:
@@ -129,7 +170,7 @@ def test_paged_logits_vs_triple_loop(name, ctx, next_n, two_d, gen, repro):
     bt = torch.cat([bt, torch.randint(0, cache.shape[0], (bt.shape[0], 1), generator=gen,
                                       dtype=torch.int32)], 1)
     B = len(ctx)
-    q = torch.randn(B, next_n, spec.num_heads, spec.head_dim, generator=gen).mul(4).to(spec.key.torch_dtype)
+    q = torch.randn(B, next_n, spec.num_heads, spec.head_dim, generator=gen).mul(4).to(spec.query.torch_dtype)
     w = torch.randn(B * next_n, spec.num_heads, generator=gen)
     cl = torch.tensor(ctx, dtype=torch.int32)
     max_len = max(lens) + 2
@@ -236,21 +277,26 @@ def test_store_writes_exactly_the_slot_bytes(name, gen, repro):
     kq, sc = R.quantize(k, spec)
     touched = torch.zeros(cache.numel(), dtype=torch.bool)
     flat = cache.reshape(-1)
-    kb = spec.key_bytes_per_token
+    kb, sb = spec.key_bytes_per_token, naive_scale_bytes(spec)
     for t, slot in enumerate(loc.tolist()):
         k0, s0 = naive_addr(spec, slot)
-        assert torch.equal(flat[k0:k0 + kb], kq[t].contiguous().view(torch.uint8)), repro
+        k_read, factor = naive_read(cache, spec, slot)
+        if sc is None:
+            assert torch.equal(k_read, kq[t].double()), repro
+        else:   # what was quantized comes back, scales exactly
+            assert naive_scales(cache, spec, slot) == sc[t].tolist(), repro
+            deq = kq[t].double() * sc[t].double().repeat_interleave(spec.scale_block)
+            assert torch.equal(k_read * factor, deq), repro
         touched[k0:k0 + kb] = True
-        if sc is not None:
-            assert torch.equal(flat[s0:s0 + 4], sc[t].contiguous().view(torch.uint8)), repro
-            touched[s0:s0 + 4] = True
+        touched[s0:s0 + sb] = True
     assert torch.equal(flat[~touched], before.reshape(-1)[~touched]), "bytes of other slots changed"
     # and read_tokens / dequantize give back what was stored
     rq, rs = R.read_tokens(cache, loc, spec)
-    assert torch.equal(rq.view(torch.uint8), kq.view(torch.uint8))
+    assert torch.equal(rq.float(), kq.float())
     if sc is not None:
         assert torch.equal(rs, sc)
-        assert torch.equal(R.dequantize(cache, loc, spec), kq.float() * sc)
+        deq = (kq.float().view(7, -1, spec.scale_block) * sc[..., None]).view(7, -1)
+        assert torch.equal(R.dequantize(cache, loc, spec), deq)
 
 
 def test_fp32_scales_survive_store_and_read_exactly(gen):
@@ -311,3 +357,37 @@ def test_other_layout_is_caught(change, gen, seed):
 def test_verify_small_pages(page_size, seed):
     spec = small(page_size=page_size)
     assert verify(spec, RefOps(spec), "cpu", seed=seed, quick=True).passed
+
+
+# ---- FP4 (e2m1) and ue8m0 --------------------------------------------------------------------
+
+def test_e2m1_rounding_by_hand():
+    spec = SMALL_SPECS["e2m1_ue8m0_block16"]
+    # one token: block 0 has amax 7 -> scale 2**ceil(log2(7/6)) = 2; block 1 amax 6 -> scale 1
+    x = [0.0, 0.2, 0.25, 0.3, 0.75, 1.25, 1.3, 1.75, 2.5, 2.6, 3.5, 5.0, 5.1, 7.0, -0.75, -6.0]
+    k = torch.tensor([x + [6.0] * 16], dtype=torch.float32)
+    kq, sc = R.quantize(k, spec)
+    assert sc[0].tolist() == [2.0, 1.0]
+    got = kq[0, :16] * 2.0
+    want2 = [2 * v for v in [0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 1.0, 1.0, 1.5, 2.0, 2.0, 3.0, 4.0, -0.5, -3.0]]
+    # x / 2 rounded: 0.1->0, 0.125->0 (tie to even code 0), 0.15->0, 0.375->0.5, 0.625->0.5,
+    # 0.65->0.5, 0.875->1, 1.25->1 (tie to even), 1.3->1.5, 1.75->2 (tie to even), 2.5->2 (tie),
+    # 2.55->3, 3.5->4 (tie), -0.375->-0.5, -3 -> -3
+    assert got.tolist() == want2
+    assert kq[0, 16:].tolist() == [6.0] * 16
+
+
+def test_ue8m0_bytes_are_biased_exponents(gen):
+    spec = SMALL_SPECS["e4m3_ue8m0_block16_interleaved"]
+    k = random_keys(9, 32, gen, "cpu", dtype=torch.float32)
+    cache = R.new_cache(spec, 4)
+    loc = torch.randperm(16, generator=gen)[:9]
+    R.store(k, cache, loc, spec)
+    _, sc = R.quantize(k, spec)
+    flat = cache.reshape(-1)
+    for t, slot in enumerate(loc.tolist()):
+        _, s0 = naive_addr(spec, slot)
+        for i in range(2):
+            raw = (k[t, 16 * i:16 * (i + 1)].abs().max() / 448).item()
+            e = math.ceil(math.log2(raw))
+            assert int(flat[s0 + i]) == e + 127 and sc[t, i] == 2.0 ** e

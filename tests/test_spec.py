@@ -82,7 +82,9 @@ BAD = [
     ("head_dim 100", "head_dim", 100, "head_dim", "100"),
     ("key.dtype int8", "key.dtype", "int8", "key.dtype", "int8"),
     ("scale none with e4m3", "scale.dtype", "none", "scale.dtype", "e4m3"),
-    ("scale.block 64", "scale.block", 64, "scale.block", "64"),
+    ("scale.block 24", "scale.block", 24, "scale.block", "24"),
+    ("scale.block 512", "scale.block", 512, "scale.block", "512"),
+    ("placement separate", "scale.placement", "separate", "scale.placement", "not supported yet"),
     ("placement", "scale.placement", "page_head", "scale.placement", "page_head"),
     ("targets sm_90", "targets", ["sm_90"], "targets", "sm_90a"),
     ("targets sm_100", "targets", ["sm_100a", "sm_100"], "targets", "sm_100a"),
@@ -197,3 +199,19 @@ def test_cli_list():
     assert p.returncode == 0, p.stderr
     assert "fp8_e4m3_page64: 132 B/token, 8448 B/page" in p.stdout
     assert "bf16_page64: 256 B/token, 16384 B/page" in p.stdout
+
+
+def test_ue8m0_needs_pow2_rounding_and_defaults_to_it():
+    d = _set(_set(_base(), "scale.dtype", "ue8m0"), "scale.rounding", "none")
+    with pytest.raises(SpecError) as e:
+        Spec.from_dict(d, source="x.yaml")
+    assert e.value.path == "scale.rounding" and "power of two" in str(e.value)
+    del d["scale"]["rounding"]
+    s = Spec.from_dict(d)
+    assert s.scale_rounding == "pow2" and s.scale_bytes_per_token == 1 and s.bytes_per_token == 129
+
+
+def test_fp4_spec_sizes():
+    s = dsagen.load_spec(REPO / "specs" / "fp4_e2m1_page64.yaml")
+    assert (s.key_bytes_per_token, s.scale_bytes_per_token, s.bytes_per_token, s.page_bytes) == (64, 4, 68, 4352)
+    assert s.query.name == "bf16" and s.scales_per_token == 4

@@ -15,7 +15,7 @@ from dsagen.spec import Spec, SpecError  # noqa: E402
 
 @st.composite
 def valid_specs(draw, max_heads: int = 128):
-    key = draw(st.sampled_from(["e4m3", "bf16", "fp16"]))
+    key = draw(st.sampled_from(["e4m3", "bf16", "fp16", "e2m1"]))
     head_dim = draw(st.sampled_from([32, 64, 128, 256]))
     page_size = 2 ** draw(st.integers(0, 8))
     d = {
@@ -28,15 +28,20 @@ def valid_specs(draw, max_heads: int = 128):
                    "next_n": sorted(draw(st.sets(st.integers(1, 4), min_size=1, max_size=2)))},
         "targets": draw(st.sampled_from([["sm_90a"], ["sm_100a"], ["sm_90a", "sm_100a"]])),
     }
-    if key == "e4m3":
-        d["scale"] = {"dtype": "fp32", "rounding": draw(st.sampled_from(["none", "pow2"])),
-                      "block": head_dim,
+    key_bytes = head_dim * {"e4m3": 1, "e2m1": 1, "bf16": 2, "fp16": 2}[key] // (2 if key == "e2m1" else 1)
+    scale_bytes = 0
+    if key in ("e4m3", "e2m1"):
+        sdt = draw(st.sampled_from(["fp32", "ue8m0"]))
+        block = 2 ** draw(st.integers(4, head_dim.bit_length() - 1))     # 16 .. head_dim
+        d["scale"] = {"dtype": sdt,
+                      "rounding": "pow2" if sdt == "ue8m0" else draw(st.sampled_from(["none", "pow2"])),
+                      "block": block,
                       "placement": draw(st.sampled_from(["page_tail", "interleaved"]))}
+        scale_bytes = (head_dim // block) * (4 if sdt == "fp32" else 1)
     else:
         d["scale"] = {"dtype": "none"}
     if draw(st.booleans()):
-        kb = head_dim * (1 if key == "e4m3" else 2) + (4 if key == "e4m3" else 0)
-        base = page_size * kb
+        base = page_size * (key_bytes + scale_bytes)
         d["page_stride_bytes"] = (base + 15) // 16 * 16 + 16 * draw(st.integers(0, 4))
     return d
 
@@ -62,7 +67,8 @@ BAD = {
     "page_size": [0, 3, 48, 512, -64, 1.5],
     "key.dtype": ["int8", "fp8", "e5m2", None],
     "scale.rounding": ["floor", "ue8m0x"],
-    "scale.placement": ["separate_tensor", "tail"],
+    "scale.placement": ["separate_tensor", "tail", "separate"],
+    "scale.block": [0, 24, 8, 512],
     "logits.num_heads": [0, 7, 129, 136],
     "logits.next_n": [[0], [5], [], "two"],
     "targets": [["sm_90"], ["sm_80"], []],
@@ -86,6 +92,7 @@ def test_random_invalid_spec_names_the_field(d, path, data):
     if path.startswith("scale.") and d["key"]["dtype"] != "e4m3":
         d["key"]["dtype"] = "e4m3"
         d["scale"] = {"dtype": "fp32", "block": d["head_dim"]}
+        d.pop("page_stride_bytes", None)     # drawn for the other key dtype's bytes
     d = copy.deepcopy(d)
     _set(d, path, bad)
     with pytest.raises(SpecError) as e:

@@ -31,8 +31,13 @@ void store_cpu(const at::Tensor& k_in, const at::Tensor& kv_cache, const at::Ten
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* x = kp + t * kHeadDim;
-      KeyT* dst = reinterpret_cast<KeyT*>(kv + key_offset(lp[t]));
-      for (int d = 0; d < kHeadDim; ++d) dst[d] = KeyT(x[d]);
+      uint8_t* dst = kv + key_offset(lp[t]);
+      float y[kHeadDim];                      // the values to encode (k / scale)
+      for (int d = 0; d < kHeadDim; ++d) y[d] = x[d];
+      for (int d = 0; d < kHeadDim; ++d) {
+        const KeyT v(y[d]);
+        std::memcpy(dst + d * sizeof(KeyT), &v, sizeof(KeyT));
+      }
     }
   });
 }
@@ -75,8 +80,12 @@ at::Tensor paged_logits_cpu(const at::Tensor& q_in, const at::Tensor& kv_cache,
           continue;
         }
         const int64_t slot = int64_t(btp[b * bt_stride + j / kPageSize]) * kPageSize + j % kPageSize;
-        const KeyT* kq = reinterpret_cast<const KeyT*>(kv + key_offset(slot));
-        for (int d = 0; d < kHeadDim; ++d) key[d] = static_cast<float>(kq[d]);
+        const uint8_t* kb = kv + key_offset(slot);
+        for (int d = 0; d < kHeadDim; ++d) {
+          KeyT v;
+          std::memcpy(&v, kb + d * sizeof(KeyT), sizeof(KeyT));
+          key[d] = static_cast<float>(v);
+        }
         const float kscale = 1.f;
         for (int64_t i = 0; i < next_n; ++i) {
           const int64_t r = b * next_n + i;

@@ -23,12 +23,18 @@
 namespace dsagen_fp16_page64_5cc5e99936 {
 
 using KeyT = __half;
+using QT = __half;            // q's element type (fp16)
 constexpr int kRowBytes = kKeyBytes;        // bytes of one key row (and one q row)
 constexpr int kTile = 64;                   // keys per tile (WGMMA M)
 #define kNegInf __int_as_float(0xff800000)
 
-__device__ __forceinline__ float key_to_float(KeyT v) {
+__device__ __forceinline__ float q_to_float(QT v) {
   return __half2float(v);
+}
+
+// Stored (unscaled) value of element d of the key row at `row`.
+__device__ __forceinline__ float load_key(const uint8_t* row, int d) {
+  return __half2float(reinterpret_cast<const __half*>(row)[d]);
 }
 
 // Tokens of request b that any of its next_n rows can see (capped at max_context_len).
@@ -58,14 +64,14 @@ __device__ __forceinline__ int row_bound(const int* context_lens, bool ctx_2d, i
 // ------------------------------------------------------------------------------------------
 template <int NEXT_N>
 __global__ void __launch_bounds__(128)
-paged_logits_simt(const KeyT* __restrict__ q, const uint8_t* __restrict__ kv_cache,
+paged_logits_simt(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache,
                   const float* __restrict__ weights, const int* __restrict__ context_lens, bool ctx_2d,
                   const int* __restrict__ block_table, int64_t bt_stride, float* __restrict__ logits,
                   int64_t max_context_len, bool clean_logits) {
   constexpr int N = NEXT_N * kNumHeads;
   extern __shared__ __align__(16) uint8_t simt_smem[];
-  KeyT* sq = reinterpret_cast<KeyT*>(simt_smem);                         // [N][kHeadDim]
-  float* sk = reinterpret_cast<float*>(simt_smem + N * kHeadDim * sizeof(KeyT));  // [32][kHeadDim+1]
+  QT* sq = reinterpret_cast<QT*>(simt_smem);                             // [N][kHeadDim]
+  float* sk = reinterpret_cast<float*>(simt_smem + N * kHeadDim * sizeof(QT));  // [32][kHeadDim+1]
   float* sred = sk + 32 * (kHeadDim + 1);                                // [4][NEXT_N][32]
   __shared__ float sscale[32];
   const int b = blockIdx.y;
@@ -87,8 +93,8 @@ paged_logits_simt(const KeyT* __restrict__ q, const uint8_t* __restrict__ kv_cac
     float v = 0.f;
     if (j < len) {
       const int64_t slot = int64_t(block_table[b * bt_stride + j / kPageSize]) * kPageSize + j % kPageSize;
-      v = key_to_float(reinterpret_cast<const KeyT*>(kv_cache + key_offset(slot))[d]);
-      if (d == 0) sscale[r] = kQuantized ? *reinterpret_cast<const float*>(kv_cache + scale_offset(slot)) : 1.f;
+      v = load_key(kv_cache + key_offset(slot), d);
+      if (d == 0) sscale[r] = 1.f;
     } else if (d == 0) {
       sscale[r] = 0.f;
     }
@@ -100,10 +106,10 @@ paged_logits_simt(const KeyT* __restrict__ q, const uint8_t* __restrict__ kv_cac
   for (int i = 0; i < NEXT_N; ++i) part[i] = 0.f;
   const float* krow = sk + lane * (kHeadDim + 1);
   for (int n = warp; n < N; n += 4) {
-    const KeyT* qrow = sq + n * kHeadDim;
+    const QT* qrow = sq + n * kHeadDim;
     float dot = 0.f;
 #pragma unroll 8
-    for (int d = 0; d < kHeadDim; ++d) dot = fmaf(key_to_float(qrow[d]), krow[d], dot);
+    for (int d = 0; d < kHeadDim; ++d) dot = fmaf(q_to_float(qrow[d]), krow[d], dot);
     const float w = weights[int64_t(b) * N + n];
     const float v = fmaxf(dot, 0.f) * w;
 #pragma unroll
@@ -440,7 +446,7 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, const float* w
     return cudaGetLastError();
   }
   constexpr int N = NEXT_N * kNumHeads;
-  const int smem = N * kHeadDim * int(sizeof(KeyT)) + 32 * (kHeadDim + 1) * 4 + 4 * NEXT_N * 32 * 4;
+  const int smem = N * kHeadDim * int(sizeof(QT)) + 32 * (kHeadDim + 1) * 4 + 4 * NEXT_N * 32 * 4;
   static bool configured[kMaxDevices] = {};
   if (!configured[dev]) {
     err = cudaFuncSetAttribute(paged_logits_simt<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -450,7 +456,7 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, const float* w
   if (batch > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(unsigned((max_context_len + 31) / 32), unsigned(batch));
   paged_logits_simt<NEXT_N><<<grid, 128, smem, stream>>>(
-      static_cast<const KeyT*>(q), kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits,
+      static_cast<const QT*>(q), kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits,
       max_context_len, clean_logits);
   return cudaGetLastError();
 }

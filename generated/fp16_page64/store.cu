@@ -12,7 +12,7 @@ namespace dsagen_fp16_page64_5cc5e99936 {
 
 using KeyT = __half;
 constexpr int kPerLane = kHeadDim / 32;                       // elements per lane
-constexpr int kLaneBytes = kPerLane * int(sizeof(KeyT));      // key bytes per lane
+constexpr int kLaneBytes = kPerLane * 16 / 8;  // key bytes per lane (0: half a byte)
 constexpr int kVec = 8;                          // widest aligned store (bytes)
 constexpr int kTokensPerBlock = 8;
 
@@ -39,12 +39,12 @@ store_kernel(const void* __restrict__ k, bool k_fp32, uint8_t* __restrict__ kv_c
              const int64_t* __restrict__ loc, int64_t n) {
   const int lane = threadIdx.x & 31;
   const int64_t t = int64_t(blockIdx.x) * kTokensPerBlock + (threadIdx.x >> 5);
-  if (t >= n) return;
+  if (t >= n) return;   // whole warps leave together (a warp is one token)
   float x[kPerLane];
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) x[e] = load_elem(k, k_fp32, t * kHeadDim + lane * kPerLane + e);
   const int64_t slot = loc[t];
-  union { KeyT v[kPerLane]; uint8_t b[kLaneBytes]; } out;
+  union { KeyT v[kLaneBytes / sizeof(KeyT)]; uint8_t b[kLaneBytes]; } out;
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) {
     out.v[e] = __float2half_rn(x[e]);

@@ -31,14 +31,22 @@ void store_cpu(const at::Tensor& k_in, const at::Tensor& kv_cache, const at::Ten
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* x = kp + t * kHeadDim;
-      KeyT* dst = reinterpret_cast<KeyT*>(kv + key_offset(lp[t]));
-      float amax = 0.f;
-      for (int d = 0; d < kHeadDim; ++d) amax = std::max(amax, std::fabs(x[d]));
-      amax = std::max(amax, kAmaxFloor);
-      float scale = amax / kKeyMax;
-      if (kScalePow2) scale = pow2_ceil(scale);
-      for (int d = 0; d < kHeadDim; ++d) dst[d] = KeyT(x[d] / scale);
-      std::memcpy(kv + scale_offset(lp[t]), &scale, sizeof(float));
+      uint8_t* dst = kv + key_offset(lp[t]);
+      float y[kHeadDim];                      // the values to encode (k / scale)
+      for (int s = 0; s < kScalesPerToken; ++s) {
+        const float* xb = x + s * kScaleBlock;
+        float amax = 0.f;
+        for (int d = 0; d < kScaleBlock; ++d) amax = std::max(amax, std::fabs(xb[d]));
+        amax = std::max(amax, kAmaxFloor);
+        float scale = amax / kKeyMax;
+        if (kScalePow2) scale = pow2_ceil(scale);
+        for (int d = 0; d < kScaleBlock; ++d) y[s * kScaleBlock + d] = xb[d] / scale;
+        store_scale(kv + scale_offset(lp[t]) + s * kScaleSize, scale);
+      }
+      for (int d = 0; d < kHeadDim; ++d) {
+        const KeyT v(y[d]);
+        std::memcpy(dst + d * sizeof(KeyT), &v, sizeof(KeyT));
+      }
     }
   });
 }
@@ -81,10 +89,13 @@ at::Tensor paged_logits_cpu(const at::Tensor& q_in, const at::Tensor& kv_cache,
           continue;
         }
         const int64_t slot = int64_t(btp[b * bt_stride + j / kPageSize]) * kPageSize + j % kPageSize;
-        const KeyT* kq = reinterpret_cast<const KeyT*>(kv + key_offset(slot));
-        for (int d = 0; d < kHeadDim; ++d) key[d] = static_cast<float>(kq[d]);
-        float kscale;
-        std::memcpy(&kscale, kv + scale_offset(slot), sizeof(float));
+        const uint8_t* kb = kv + key_offset(slot);
+        for (int d = 0; d < kHeadDim; ++d) {
+          KeyT v;
+          std::memcpy(&v, kb + d * sizeof(KeyT), sizeof(KeyT));
+          key[d] = static_cast<float>(v);
+        }
+        const float kscale = load_scale(kv, slot, 0);
         for (int64_t i = 0; i < next_n; ++i) {
           const int64_t r = b * next_n + i;
           const int64_t bound = ctx_2d ? clp[r] : std::min<int64_t>(clp[b], clp[b] - next_n + i + 1);

@@ -12,9 +12,12 @@ namespace dsagen_fp8_e4m3_ue8m0_page64_35d7fd1541 {
 
 using KeyT = __nv_fp8_e4m3;
 constexpr int kPerLane = kHeadDim / 32;                       // elements per lane
-constexpr int kLaneBytes = kPerLane * int(sizeof(KeyT));      // key bytes per lane
+constexpr int kLaneBytes = kPerLane * 8 / 8;  // key bytes per lane (0: half a byte)
 constexpr int kVec = 4;                          // widest aligned store (bytes)
 constexpr int kTokensPerBlock = 8;
+constexpr int kLanesPerScale = kScaleBlock / kPerLane;         // lanes sharing one scale
+static_assert(kLanesPerScale >= 1 && kLanesPerScale <= 32 && (kLanesPerScale & (kLanesPerScale - 1)) == 0,
+              "a scale block must cover a power-of-two number of lanes");
 
 template <int N> struct Bytes;
 template <> struct Bytes<1> { using T = uint8_t; };
@@ -39,24 +42,31 @@ store_kernel(const void* __restrict__ k, bool k_fp32, uint8_t* __restrict__ kv_c
              const int64_t* __restrict__ loc, int64_t n) {
   const int lane = threadIdx.x & 31;
   const int64_t t = int64_t(blockIdx.x) * kTokensPerBlock + (threadIdx.x >> 5);
-  if (t >= n) return;
+  if (t >= n) return;   // whole warps leave together (a warp is one token)
   float x[kPerLane];
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) x[e] = load_elem(k, k_fp32, t * kHeadDim + lane * kPerLane + e);
   const int64_t slot = loc[t];
+  // amax over this lane's scale block: a butterfly inside aligned groups of kLanesPerScale lanes
   float amax = 0.f;
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) amax = fmaxf(amax, fabsf(x[e]));
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  for (int o = kLanesPerScale / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   amax = fmaxf(amax, kAmaxFloor);
   float scale = amax / kKeyMax;                 // IEEE division, as the reference
   if (kScalePow2) scale = pow2_ceil(scale);
-  if (lane == 0) *reinterpret_cast<float*>(kv_cache + scale_offset(slot)) = scale;
-  union { KeyT v[kPerLane]; uint8_t b[kLaneBytes]; } out;
+  if (lane % kLanesPerScale == 0) {
+    uint8_t* sp = kv_cache + scale_offset(slot) + (lane / kLanesPerScale) * kScaleSize;
+    if (kScaleUE8M0) store_scale(sp, scale);
+    else *reinterpret_cast<float*>(sp) = scale;  // fp32 scales are 4-byte aligned in every layout
+  }
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) x[e] = x[e] / scale;
+  union { KeyT v[kLaneBytes / sizeof(KeyT)]; uint8_t b[kLaneBytes]; } out;
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) {
-    out.v[e] = __nv_fp8_e4m3(x[e] / scale);     // round-to-nearest-even, saturating
+    out.v[e] = __nv_fp8_e4m3(x[e]);             // round-to-nearest-even, saturating
   }
   uint8_t* dst = kv_cache + key_offset(slot) + lane * kLaneBytes;
   using V = typename Bytes<kVec>::T;
