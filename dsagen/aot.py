@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__, config, jit
-from .codegen import JINJA_CACHE
+from .codegen import JINJA_CACHE, RENDER_MEMO
 from .spec import Spec
 
 
@@ -134,7 +134,7 @@ def entries(root: Path | None = None) -> list[Entry]:
     if not root.is_dir():
         return out
     for d in sorted(root.iterdir()):
-        if not d.is_dir() or d.name in ("locks", JINJA_CACHE):
+        if not d.is_dir() or d.name in ("locks", JINJA_CACHE, RENDER_MEMO):
             continue
         if d.name.startswith("."):
             out.append(Entry(d, d.name, "", _size(d), "unfinished build directory", "", ""))

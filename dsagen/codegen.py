@@ -10,10 +10,9 @@ import hashlib
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
-
-import jinja2
 
 from .spec import Spec
 
@@ -24,21 +23,16 @@ CPU_SOURCES = ("bindings.cpp", "cpu_ops.cpp")
 CUDA_SOURCES = ("store.cu", "paged_logits.cu")
 HEADERS = ("layout.h",)
 
-_env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-    undefined=jinja2.StrictUndefined,
-    keep_trailing_newline=True,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-
-
 JINJA_CACHE = "jinja-bytecode"   # under the cache root; not a build entry
+RENDER_MEMO = "rendered"         # under the cache root; not a build entry
+
+_env = None   # jinja2 is imported on the first render that misses the memo (~30 ms)
 
 
-def _bytecode_cache() -> jinja2.BytecodeCache | None:
+def _bytecode_cache():
     """Compiled templates cached under the build cache (keyed by template checksum by Jinja),
-    which takes template compilation (~45 ms) off every warm ``dsagen.load``."""
+    which takes template compilation (~45 ms) off a render."""
+    import jinja2
     from . import config
     d = config.cache_root() / JINJA_CACHE
     try:
@@ -50,12 +44,30 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
     return jinja2.FileSystemBytecodeCache(str(d))
 
 
-def _environment() -> jinja2.Environment:
+def _environment():
     global _env
-    if _env.bytecode_cache is None and not getattr(_env, "_dsagen_bcc_tried", False):
-        _env._dsagen_bcc_tried = True
-        _env.bytecode_cache = _bytecode_cache()
+    if _env is None:
+        import jinja2
+        _env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            bytecode_cache=_bytecode_cache(),
+        )
     return _env
+
+
+def _render_digest(spec: Spec, tune: dict[str, Any], ns: str) -> str:
+    """Hash of everything a render depends on: the spec, the tuning, the namespace, the template
+    texts and the Python sources that build the template context."""
+    h = hashlib.sha256(json.dumps([spec.to_dict(), tune, ns], sort_keys=True).encode())
+    here = Path(__file__).resolve().parent
+    for p in sorted(TEMPLATE_DIR.glob("*.jinja")) + [here / "codegen.py", here / "spec.py", here / "dtypes.py"]:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:32]
 
 
 def namespace(spec: Spec, tuning: dict[str, Any] | None = None) -> str:
@@ -99,12 +111,26 @@ def _mma_op(spec: Spec):
 
 
 def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
-    """Render every source of ``spec``. Returns ``{file name: text}``."""
+    """Render every source of ``spec``. Returns ``{file name: text}``.
+
+    A render is memoized under the cache root (``rendered/<digest>.json``, the digest covering
+    the spec, the tuning, the templates and this module's sources), so a warm ``dsagen.load``
+    neither imports Jinja nor renders. A read-only or missing cache root just renders.
+    """
+    from . import config
     tune = {**default_tuning(spec), **(tuning or {})}
+    ns = namespace(spec, tuning)
+    memo = config.cache_root() / RENDER_MEMO / f"{_render_digest(spec, tune, ns)}.json"
+    try:
+        out = json.loads(memo.read_text())
+        if isinstance(out, dict) and set(out) == set(HEADERS + CPU_SOURCES + CUDA_SOURCES):
+            return out
+    except (OSError, ValueError):
+        pass
     lane_bytes = spec.key_bytes_per_token // 32 or 1
     ctx = {
         "spec": spec,
-        "ns": namespace(spec, tuning),
+        "ns": ns,
         "lay": spec.layout,
         "q_scalar": {"e4m3": "kFloat8_e4m3fn", "bf16": "kBFloat16", "fp16": "kHalf"}[spec.query.name],
         "q_dtype_name": f"torch.{spec.query.torch_name}",
@@ -118,6 +144,14 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
     out = {}
     for name in HEADERS + CPU_SOURCES + CUDA_SOURCES:
         out[name] = _environment().get_template(name + ".jinja").render(**ctx)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=memo.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(out, f)
+        os.replace(tmp, memo)
+    except OSError:
+        pass
     return out
 
 

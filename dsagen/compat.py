@@ -5,6 +5,7 @@ generated kernels of the matching spec (``specs/fp8_e4m3_page64.yaml`` by defaul
     meta = dg.get_paged_mqa_logits_metadata(context_lens, 64, num_sms)
     logits = dg.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, meta,
                                      max_context_len, clean_logits=False)
+    logits = dg.fp8_mqa_logits(q, (k, k_scale), weights, cu_seqlen_ks, cu_seqlen_ke)   # prefill
 
 The generated kernel computes its schedule on the device, so the metadata is only a placeholder
 of the shape DeepGEMM returns. To switch a stack to bf16 keys, load ``specs/bf16_page64.yaml``
@@ -70,3 +71,22 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
                              f"got {list(kv_cache.shape)}")
         kv_cache = kv_cache.view(torch.uint8).reshape(kv_cache.shape[0], spec.page_bytes)
     return ops.paged_logits(q, kv_cache, weights, context_lens, block_table, max_context_len, clean_logits)
+
+
+def fp8_mqa_logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor | None], weights: torch.Tensor,
+                   cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor,
+                   clean_logits: bool = True) -> torch.Tensor:
+    """DeepGEMM ``fp8_mqa_logits`` signature and semantics (prefill over contiguous keys).
+
+    Args:
+        q: ``[S, num_heads, head_dim]`` (e4m3 for the fp8 layout).
+        kv: ``(k [N, head_dim]`` in the key dtype, ``k_scale`` fp32 ``[N]``) -- e.g. from
+            :meth:`dsagen.serving.IndexerKCache.gather`; ``k_scale`` None for bf16 keys.
+        weights: fp32 ``[S, num_heads]``.
+        cu_seqlen_ks, cu_seqlen_ke: int32 ``[S]``: query ``s`` sees keys ``[ks[s], ke[s])``.
+        clean_logits: ``-inf`` outside the range.
+    Returns:
+        fp32 ``[S, N]``.
+    """
+    k, k_scale = kv
+    return _ops().ragged_logits(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)

@@ -80,11 +80,38 @@ class Ops:
         return self._ops.paged_logits(q, kv_cache, weights, context_lens, block_table,
                                       int(max_context_len), bool(clean_logits))
 
+    def ragged_logits(self, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None,
+                      weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor,
+                      clean_logits: bool = True) -> torch.Tensor:
+        """Prefill indexer logits over contiguous keys; DeepGEMM ``fp8_mqa_logits`` semantics.
+
+        ``logits[s, n] = k_scale[n] * sum_h weights[s, h] * relu(q[s, h] . k[n])`` for
+        ``ks[s] <= n < ke[s]``, else ``-inf`` (with ``clean_logits``; otherwise unspecified).
+
+        Args:
+            q: ``[S, num_heads, head_dim]`` in ``spec.query``.
+            k: ``[N, head_dim]`` in the key dtype, or uint8 ``[N, key_bytes_per_token]`` (the
+                only form for e2m1): what :meth:`dsagen.serving.IndexerKCache.gather` returns.
+            k_scale: fp32 ``[N]`` or ``[N, scales_per_token]``; None for unscaled layouts.
+            weights: fp32 ``[S, num_heads]``.
+            ks, ke: int32 ``[S]`` key ranges (chunked prefill: offsets into ``k``).
+            clean_logits: write ``-inf`` outside ``[ks, ke)``.
+        Returns:
+            fp32 ``[S, N]``.
+        Raises:
+            RuntimeError: shapes, dtypes or devices do not match the spec.
+        """
+        return self._ops.ragged_logits(q, k, k_scale, weights, ks, ke, bool(clean_logits))
+
 
 def _register_fake(ns: str) -> None:
     @torch.library.register_fake(f"{ns}::paged_logits")
     def _fake(q, kv_cache, weights, context_lens, block_table, max_context_len, clean_logits):
         return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
+
+    @torch.library.register_fake(f"{ns}::ragged_logits")
+    def _fake_ragged(q, k, k_scale, weights, ks, ke, clean_logits):
+        return q.new_empty((q.shape[0], k.shape[0]), dtype=torch.float32)
 
 
 def load(spec: Spec | str | Path, *, with_cuda: bool | None = None,
@@ -97,7 +124,7 @@ def load(spec: Spec | str | Path, *, with_cuda: bool | None = None,
             matches is present.
         tuning: kernel tuning overrides (see :func:`dsagen.codegen.default_tuning`).
     Returns:
-        :class:`Ops` with ``store``, ``paged_logits`` and ``new_cache``.
+        :class:`Ops` with ``store``, ``paged_logits``, ``ragged_logits`` and ``new_cache``.
     Raises:
         dsagen.SpecError: bad spec file.  dsagen.jit.BuildError: compilation failed or the
         cache is not writable.  dsagen.jit.JitDisabledError: ``DSAGEN_DISABLE_JIT`` is set and

@@ -13,6 +13,7 @@ from .spec import Spec
 
 __all__ = [
     "new_cache", "quantize", "store", "read_tokens", "dequantize", "paged_logits",
+    "decode_keys", "ragged_logits",
     "valid_mask", "fallback_paged_logits", "calc_diff",
 ]
 
@@ -239,6 +240,67 @@ def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
     if max_context_len > 0:
         out.masked_fill_(~valid_mask(cl, next_n, max_context_len), float("-inf"))
     return out
+
+
+def decode_keys(k: torch.Tensor, spec: Spec) -> torch.Tensor:
+    """Stored key values (unscaled) as float32 ``[N, head_dim]`` from their storage form: the key
+    dtype ``[N, head_dim]``, or uint8 ``[N, key_bytes_per_token]`` (e2m1: packed nibbles)."""
+    if spec.key.name == "e2m1":
+        if k.dtype != torch.uint8 or k.dim() != 2 or k.shape[1] != spec.key_bytes_per_token:
+            raise ValueError(f"e2m1 keys must be uint8 [N, {spec.key_bytes_per_token}], got "
+                             f"{k.dtype} {list(k.shape)}")
+        return torch.stack((_e2m1_values(k & 15), _e2m1_values(k >> 4)), -1).reshape(k.shape[0], -1)
+    if k.dtype == torch.uint8:
+        k = k.contiguous().view(spec.key.torch_dtype)
+    if k.dtype != spec.key.torch_dtype or k.dim() != 2 or k.shape[1] != spec.head_dim:
+        raise ValueError(f"keys must be {spec.key.torch_name} [N, {spec.head_dim}], got {k.dtype} {list(k.shape)}")
+    return k.float()
+
+
+def ragged_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None,
+                  weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool,
+                  spec: Spec, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Prefill (ragged) indexer logits over contiguous keys, DeepGEMM ``fp8_mqa_logits`` semantics.
+
+    ``logits[s, n] = k_scale[n] * sum_h weights[s, h] * relu(q[s, h] . k[n])`` for
+    ``ks[s] <= n < ke[s]``, ``-inf`` elsewhere (block scales: the key is dequantized first).
+
+    Args:
+        q: ``[S, num_heads, head_dim]`` in ``spec.query``.
+        k: ``[N, head_dim]`` in the key dtype, or uint8 ``[N, key_bytes_per_token]`` (the only
+            form for e2m1), as :meth:`dsagen.serving.IndexerKCache.gather` returns them.
+        k_scale: fp32 ``[N]`` or ``[N, scales_per_token]``; None for unscaled layouts.
+        weights: fp32 ``[S, num_heads]``.
+        ks, ke: int32 ``[S]``: query ``s`` sees keys ``[ks[s], ke[s])``.
+        clean_logits: the reference always writes ``-inf`` outside the range.
+        compute_dtype: float32 or float64; also the result's dtype.
+    Returns:
+        ``[S, N]`` logits.
+    Raises:
+        ValueError: shapes or dtypes that do not match the spec.
+    """
+    S, N = q.shape[0], k.shape[0]
+    if q.dim() != 3 or q.shape[1:] != (spec.num_heads, spec.head_dim):
+        raise ValueError(f"q must be [S, {spec.num_heads}, {spec.head_dim}], got {list(q.shape)}")
+    if weights.shape != (S, spec.num_heads) or ks.shape != (S,) or ke.shape != (S,):
+        raise ValueError("weights must be [S, num_heads], ks and ke [S]")
+    kf = decode_keys(k, spec).to(compute_dtype)
+    post = None
+    if spec.quantized:
+        if k_scale is None or k_scale.shape not in ((N,), (N, spec.scales_per_token)):
+            raise ValueError(f"k_scale must be fp32 [N] or [N, {spec.scales_per_token}]")
+        sc = k_scale.reshape(N, spec.scales_per_token).to(compute_dtype)
+        if spec.scales_per_token > 1:
+            kf = (kf.view(N, spec.scales_per_token, spec.scale_block) * sc[..., None]).view(N, -1)
+        else:
+            post = sc[:, 0]
+    s = torch.relu(torch.einsum("shd,nd->shn", q.to(compute_dtype), kf))
+    out = (s * weights.to(compute_dtype)[:, :, None]).sum(1)
+    if post is not None:
+        out = out * post[None, :]
+    n = torch.arange(N, device=q.device)
+    valid = (n[None, :] >= ks.to(q.device).long()[:, None]) & (n[None, :] < ke.to(q.device).long()[:, None])
+    return out.masked_fill(~valid, float("-inf"))
 
 
 def fallback_paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,

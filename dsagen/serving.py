@@ -65,14 +65,15 @@ class IndexerKCache:
         return res
 
     def gather(self, layer: int, block_table: torch.Tensor, cu_seq_lens: torch.Tensor):
-        """Contiguous keys of requests for prefill.
+        """Contiguous keys of requests for prefill, in the form :meth:`ragged_logits` takes.
 
         Args:
             block_table: int32 ``[B, max_pages]``.
             cu_seq_lens: int ``[B+1]`` prefix sums of the requests' lengths.
         Returns:
-            ``(k_q [S, head_dim]`` in the key dtype, ``scale [S, scales_per_token]`` fp32 or None),
-            ``S = cu_seq_lens[-1]``, requests one after another.
+            ``(k [S, head_dim]`` in the key dtype (e2m1: uint8 ``[S, head_dim/2]`` packed),
+            ``k_scale [S, scales_per_token]`` fp32 or None), ``S = cu_seq_lens[-1]``, requests
+            one after another. (Reads ``cu_seq_lens[-1]`` on the host.)
         """
         ps = self.spec.page_size
         cu = cu_seq_lens.to(torch.int64)
@@ -80,7 +81,16 @@ class IndexerKCache:
         b = torch.repeat_interleave(torch.arange(len(lens), device=cu.device), lens)
         j = torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][b]
         slots = block_table.to(torch.int64)[b, j // ps] * ps + j % ps
-        return R.read_tokens(self.layer(layer), slots, self.spec)
+        _, scales = R.read_tokens(self.layer(layer), slots, self.spec)
+        flat = self.layer(layer).reshape(-1)
+        key_off = R._offsets(self.spec, slots.to(flat.device))[0]
+        raw = flat[key_off[:, None] + torch.arange(self.spec.key_bytes_per_token, device=flat.device)]
+        k = raw if self.spec.key_dtype == "e2m1" else raw.view(self.spec.key.torch_dtype)
+        return k, scales
+
+    def ragged_logits(self, q, k, k_scale, weights, ks, ke, clean_logits: bool = True):
+        """Prefill logits over keys from :meth:`gather`; see :meth:`dsagen.ops.Ops.ragged_logits`."""
+        return self.ops.ragged_logits(q, k, k_scale, weights, ks, ke, clean_logits)
 
 
 def topk(logits: torch.Tensor, lengths: torch.Tensor, index_topk: int) -> torch.Tensor:

@@ -8,6 +8,8 @@ the block table is a random permutation of pages; context lengths are not page m
   written), and the relative L2 error of the valid entries against the reference computed in
   float64 from the same quantized q and keys must be below 1e-4. DeepGEMM's ``calc_diff`` is
   reported too.
+* ragged_logits (prefill): the same checks over contiguous keys and per-query ``[ks, ke)``
+  ranges (empty ranges, a chunked-prefill batch whose second request starts at an offset).
 """
 from __future__ import annotations
 
@@ -48,10 +50,10 @@ class Report:
         return bool(self.rows) and all(r.passed for r in self.rows)
 
     def table(self) -> str:
-        lines = [f"{'op':<13}{'shape':<46}{'rel_l2':>10}{'calc_diff':>11}  masks  written  bytes  result"]
+        lines = [f"{'op':<14}{'shape':<46}{'rel_l2':>10}{'calc_diff':>11}  masks  written  bytes  result"]
         for r in self.rows:
             lines.append(
-                f"{r.op:<13}{r.shape:<46}{r.rel_l2:>10.2e}{r.calc_diff:>11.2e}  "
+                f"{r.op:<14}{r.shape:<46}{r.rel_l2:>10.2e}{r.calc_diff:>11.2e}  "
                 f"{'equal' if r.masks_equal else 'DIFF':<7}{'all' if r.all_written else 'NO':<9}"
                 f"{('equal' if r.bytes_equal else 'DIFF') if r.op == 'store' else '-':<7}"
                 f"{'ok' if r.passed else 'FAIL'}{(' ' + r.note) if r.note else ''}")
@@ -147,6 +149,71 @@ def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generato
     return row
 
 
+def ragged_inputs(spec: Spec, S: int, N: int, gen: torch.Generator, device):
+    """Random prefill inputs: ``(q [S, H, D], k, k_scale, weights [S, H])`` with ``k`` in the
+    form :meth:`dsagen.ops.Ops.ragged_logits` takes (key dtype, or packed uint8 for e2m1) and
+    ``k_scale`` fp32 ``[N]`` (one scale per token, DeepGEMM's form) / ``[N, scales]`` / None."""
+    kq, sc = R.quantize(random_keys(N, spec.head_dim, gen, "cpu"), spec)
+    k = R._key_bytes(kq, spec) if spec.key_dtype == "e2m1" else kq
+    if sc is not None and spec.scales_per_token == 1:
+        sc = sc[:, 0].contiguous()
+    q = random_q(spec, S, 1, gen, device)[:, 0]
+    w = torch.randn(S, spec.num_heads, generator=gen).to(device)
+    return q, k.to(device), None if sc is None else sc.to(device), w
+
+
+def check_ragged(ops, spec: Spec, ks: list[int], ke: list[int], N: int, gen: torch.Generator,
+                 device, clean_logits: bool = True, label: str = "", reruns: int = 1) -> Row:
+    """One ragged (prefill) logits case: query s sees keys ``[ks[s], ke[s])`` of ``N``."""
+    S = len(ks)
+    q, k, sc, w = ragged_inputs(spec, S, N, gen, device)
+    ks_t = torch.tensor(ks, dtype=torch.int32, device=device)
+    ke_t = torch.tensor(ke, dtype=torch.int32, device=device)
+    _poisoned_alloc((S, N), device)
+    out = ops.ragged_logits(q, k, sc, w, ks_t, ke_t, clean_logits)
+    ref = R.ragged_logits(q, k, sc, w, ks_t, ke_t, True, spec, compute_dtype=torch.float64)
+    valid = torch.isfinite(ref)
+    row = Row("ragged_logits", "", f"S={S} N={N} {label}".strip() + ("" if clean_logits else " unclean"))
+    o = out.double()
+    if clean_logits:
+        row.masks_equal = bool(torch.equal(torch.isneginf(o), ~valid))
+        row.all_written = not bool(torch.isnan(o).any())
+    else:
+        row.all_written = not bool(torch.isnan(o[valid]).any())
+    d, r = o[valid], ref[valid]
+    if d.numel():
+        den = float(torch.linalg.vector_norm(r))
+        row.rel_l2 = float(torch.linalg.vector_norm(d - r)) / (den if den > 0 else 1.0)
+        row.calc_diff = R.calc_diff(d, r)
+    if math.isnan(row.rel_l2):
+        row.rel_l2 = float("inf")
+    for _ in range(reruns - 1):
+        if not torch.equal(ops.ragged_logits(q, k, sc, w, ks_t, ke_t, clean_logits), out):
+            row.deterministic = False
+    row.passed = (row.masks_equal and row.all_written and row.rel_l2 < REL_L2_TOL
+                  and row.deterministic)
+    return row
+
+
+def ragged_cases(gen: torch.Generator, quick: bool):
+    """(ks, ke, N, label) prefill cases: one key, random ranges with empty ones, and a chunked
+    prefill of two requests (the second's queries see keys from an offset: its own prefix)."""
+    cases = [([0], [1], 1, "single")]
+    n = 300
+    lo = torch.randint(0, n, (37,), generator=gen)
+    hi = torch.minimum(lo + torch.randint(0, 120, (37,), generator=gen), torch.tensor(n))
+    hi[::9] = lo[::9]                                    # some empty ranges
+    cases.append((lo.tolist(), hi.tolist(), n, "random ranges"))
+    if not quick:
+        # request 0: 150 keys, its last 40 tokens are this chunk's queries; request 1: 230 keys
+        # (a 170-token prefix + 60 new), stored after request 0: its queries start at offset 150
+        r0 = [(0, 110 + i + 1) for i in range(40)]
+        r1 = [(150, 150 + 170 + i + 1) for i in range(60)]
+        ks, ke = zip(*(r0 + r1))
+        cases.append((list(ks), list(ke), 380, "chunked prefill"))
+    return cases
+
+
 def check_store(ops, spec: Spec, n: int, gen: torch.Generator, device, k_dtype=torch.bfloat16) -> Row:
     """Store ``n`` random keys at random distinct slots; the whole cache must equal the reference's."""
     num_pages = math.ceil(2 * n / spec.page_size) + 1
@@ -220,6 +287,15 @@ def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = Fa
         # max_context_len shorter than the contexts: columns are cut, not wrapped
         row = check_logits(ops, spec, [130, 300, 64], next_n, gen, device, max_context_len=100)
         row.shape += " max_len=100"
+        row.backend = device
+        rep.rows.append(row)
+    for ks, ke, n, label in ragged_cases(gen, quick):
+        row = check_ragged(ops, spec, ks, ke, n, gen, device, label=label, reruns=reruns)
+        row.backend = device
+        rep.rows.append(row)
+    if not quick:
+        ks, ke, n, label = ragged_cases(gen, quick)[1]
+        row = check_ragged(ops, spec, ks, ke, n, gen, device, clean_logits=False, label=label)
         row.backend = device
         rep.rows.append(row)
     return rep

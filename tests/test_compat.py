@@ -23,3 +23,16 @@ def test_deepgemm_signature_matches_reference(gen):
     v = torch.isfinite(ref)
     assert torch.equal(torch.isneginf(out), ~v)
     assert float((out[v].double() - ref[v]).norm() / ref[v].norm()) < 1e-4
+
+
+def test_deepgemm_mqa_logits_signature(gen):
+    from dsagen.verify import ragged_inputs
+    spec = dg._ops().spec
+    q, k, sc, w = ragged_inputs(spec, 6, 40, gen, "cpu")
+    ks = torch.tensor([0, 0, 5, 10, 20, 39], dtype=torch.int32)
+    ke = torch.tensor([1, 40, 25, 10, 40, 40], dtype=torch.int32)
+    out = dg.fp8_mqa_logits(q, (k, sc), w, ks, ke)
+    ref = R.ragged_logits(q, k, sc, w, ks, ke, True, spec, compute_dtype=torch.float64)
+    v = torch.isfinite(ref)
+    assert out.shape == (6, 40) and torch.equal(torch.isneginf(out), ~v)
+    assert float((out[v].double() - ref[v]).norm() / ref[v].norm()) < 1e-4

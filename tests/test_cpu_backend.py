@@ -26,7 +26,7 @@ def test_verify_cpu(dsagen_spec, dsagen_ops, seed, repro):
     """The full verification sweep of `dsagen compile` (fresh random inputs each session)."""
     rep = verify(dsagen_spec, dsagen_ops, "cpu", seed=seed, quick=False)
     assert rep.rows and rep.passed, f"{repro}\n{rep.table()}"
-    assert {r.op for r in rep.rows} == {"store", "paged_logits"}
+    assert {r.op for r in rep.rows} == {"store", "paged_logits", "ragged_logits"}
 
 
 def _variant_rows(spec, ops, gen):
@@ -217,6 +217,43 @@ def test_torch_library_registration(dsagen_spec, dsagen_ops, gen):
              if spec.key_dtype == "e4m3" else
              ("test_schema", "test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"))
     torch.library.opcheck(ns.paged_logits.default, args, test_utils=utils)
+    from dsagen.verify import ragged_inputs
+    rq, rk, rsc, rw = ragged_inputs(spec, 4, 30, gen, "cpu")
+    rargs = (rq, rk, rsc, rw, torch.tensor([0, 3, 9, 29], dtype=torch.int32),
+             torch.tensor([30, 3, 20, 30], dtype=torch.int32), True)
+    torch.library.opcheck(ns.ragged_logits.default, rargs,
+                          test_utils=utils if spec.key_dtype != "e2m1" else
+                          ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"))
+
+
+def test_ops_under_torch_compile_fullgraph(dsagen_spec, dsagen_ops, gen):
+    """A decode step (store, paged logits, top-k) and a prefill step trace with
+    torch.compile(fullgraph=True) (fake kernels, no graph break) and give the eager results."""
+    from dsagen.serving import topk
+    from dsagen.verify import ragged_inputs
+    spec, ops = dsagen_spec, dsagen_ops
+    cache, bt = make_cache(spec, [70, 5], gen, "cpu")
+    n = spec.next_n[0]
+    q = random_q(spec, 2, n, gen, "cpu")
+    w = torch.randn(2 * n, spec.num_heads, generator=gen)
+    cl = torch.tensor([70, 5], dtype=torch.int32)
+    k = random_keys(2, spec.head_dim, gen, "cpu")
+    loc = torch.tensor([int(bt[0, 1]) * spec.page_size + 3, int(bt[1, 0]) * spec.page_size + 4])
+
+    def decode(cache, k, q, w, cl):
+        ops.store(k, cache, loc)
+        logits = ops.paged_logits(q, cache, w, cl, bt, 70)
+        return logits, topk(logits, cl.repeat_interleave(n), 16)
+
+    eager_cache, comp_cache = cache.clone(), cache.clone()
+    want = decode(eager_cache, k, q, w, cl)
+    got = torch.compile(decode, fullgraph=True, backend="eager")(comp_cache, k, q, w, cl)
+    assert torch.equal(comp_cache, eager_cache)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    rq, rk, rsc, rw = ragged_inputs(spec, 3, 20, gen, "cpu")
+    ks, ke = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([20, 9, 5], dtype=torch.int32)
+    pre = torch.compile(lambda *a: ops.ragged_logits(*a), fullgraph=True, backend="eager")
+    assert torch.equal(pre(rq, rk, rsc, rw, ks, ke), ops.ragged_logits(rq, rk, rsc, rw, ks, ke))
 
 
 BOUNDS = {

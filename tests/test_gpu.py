@@ -134,3 +134,70 @@ def test_cuda_graph_capture(dsagen_spec, cuda_ops, gen, repro):
     v = torch.isfinite(ref)
     assert torch.equal(torch.isneginf(out), ~v)
     assert rel_err(out[v], ref[v]) < 1e-4, repro
+
+
+def test_decode_step_graph_replayed_with_other_context_lengths(dsagen_spec, cuda_ops, gen, repro):
+    """store + paged_logits + top-k captured once in a CUDA graph, replayed after the captured
+    context_lens / keys / queries buffers were refilled: each replay equals the eager step."""
+    from dsagen.serving import topk
+    spec, ops = dsagen_spec, cuda_ops
+    n = spec.next_n[0]
+    max_len = 1500
+    q, cache, w, cl, bt = _inputs(spec, [max_len, 700, 3], n, gen)
+    k = random_keys(3, spec.head_dim, gen, "cuda")
+    loc = torch.zeros(3, dtype=torch.int64, device="cuda")
+    lens_rows = torch.zeros(3 * n, dtype=torch.int32, device="cuda")
+
+    def step(c):
+        ops.store(k, c, loc)
+        logits = ops.paged_logits(q, c, w, cl, bt, max_len)
+        return logits, topk(logits, lens_rows, 512)
+
+    def refill(lens):
+        cl.copy_(torch.tensor(lens, dtype=torch.int32))
+        lens_rows.copy_(cl.repeat_interleave(n))
+        q.copy_(random_q(spec, 3, n, gen, "cuda"))
+        w.copy_(torch.randn(w.shape, generator=gen))
+        k.copy_(random_keys(3, spec.head_dim, gen, "cuda"))
+        # the new token of each request goes to its last position
+        loc.copy_(torch.tensor([int(bt[b, (c - 1) // spec.page_size]) * spec.page_size + (c - 1) % spec.page_size
+                                for b, c in enumerate(lens)]))
+
+    refill([1200, 600, 2])
+    graph_cache = cache.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(cache.clone())
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out_logits, out_idx = step(graph_cache)
+    for lens in ([1200, 600, 2], [1500, 64, 1], [65, 1400, 3]):
+        refill(lens)
+        eager_cache = graph_cache.clone()
+        g.replay()
+        want_logits, want_idx = step(eager_cache)
+        torch.cuda.synchronize()
+        assert torch.equal(graph_cache, eager_cache), (lens, repro)
+        assert torch.equal(out_logits, want_logits), (lens, repro)
+        assert torch.equal(out_idx, want_idx), (lens, repro)
+
+
+def test_opcheck_and_compile_on_cuda(dsagen_spec, cuda_ops, gen):
+    from dsagen.verify import ragged_inputs
+    spec, ops = dsagen_spec, cuda_ops
+    ns = getattr(torch.ops, ops.namespace)
+    n = spec.next_n[0]
+    q, cache, w, cl, bt = _inputs(spec, [300, 5], n, gen)
+    k = random_keys(3, spec.head_dim, gen, "cuda")
+    loc = torch.tensor([0, 5, 9], device="cuda")
+    utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(ns.store.default, (k, cache.clone(), loc), test_utils=utils)
+    torch.library.opcheck(ns.paged_logits.default, (q, cache, w, cl, bt, 300, True), test_utils=utils)
+    rq, rk, rsc, rw = ragged_inputs(spec, 4, 50, gen, "cuda")
+    ks = torch.tensor([0, 3, 9, 49], dtype=torch.int32, device="cuda")
+    ke = torch.tensor([50, 3, 20, 50], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(ns.ragged_logits.default, (rq, rk, rsc, rw, ks, ke, True), test_utils=utils)
+    f = torch.compile(lambda *a: ops.paged_logits(*a), fullgraph=True)
+    assert torch.equal(f(q, cache, w, cl, bt, 300), ops.paged_logits(q, cache, w, cl, bt, 300))

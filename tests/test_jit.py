@@ -71,6 +71,7 @@ def test_key_changes_with_template_edit(tiny, tmp_path, monkeypatch):
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(tdir)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     monkeypatch.setattr(codegen, "_env", env)
+    monkeypatch.setattr(codegen, "TEMPLATE_DIR", tdir)     # the render memo hashes the templates
     assert _key(tiny) != base
 
 
@@ -255,3 +256,35 @@ def test_doctor_reports(tmp_path):
                  "lock dir:", "DSAGEN_* set:"):
         assert item in r.stdout, (item, r.stdout)
     assert "DSAGEN_JIT_VERBOSE=1" in r.stdout
+
+
+def test_render_memo(tiny, tmp_path, monkeypatch):
+    """Renders are memoized under the cache root by content; a damaged memo is re-rendered and
+    a template edit misses the memo."""
+    monkeypatch.setenv("DSAGEN_CACHE_DIR", str(tmp_path / "cache"))
+    first = codegen.render(tiny)
+    memos = list((tmp_path / "cache" / codegen.RENDER_MEMO).glob("*.json"))
+    assert len(memos) == 1 and json.loads(memos[0].read_text()) == first
+    assert codegen.render(tiny) == first
+    memos[0].write_text("{not json")
+    assert codegen.render(tiny) == first
+    assert json.loads(memos[0].read_text()) == first          # rewritten
+    tdir = tmp_path / "templates"
+    shutil.copytree(codegen.TEMPLATE_DIR, tdir)
+    p = tdir / "layout.h.jinja"
+    p.write_text(p.read_text().replace("do not edit", "do not edit (changed)"))
+    monkeypatch.setattr(codegen, "TEMPLATE_DIR", tdir)
+    monkeypatch.setattr(codegen, "_env", None)
+    assert "(changed)" in codegen.render(tiny)["layout.h"]
+
+
+def test_warm_load_does_not_import_jinja(tiny, tmp_path):
+    """A load served from the cache reads the memoized render: Jinja is never imported."""
+    cache = tmp_path / "cache"
+    out = _child(cache).communicate(timeout=900)[0]
+    assert "RESULT True" in out
+    code = ("import json, sys, dsagen; spec = dsagen.Spec.from_dict(json.loads(sys.argv[1])); "
+            "dsagen.load(spec, with_cuda=False); print('JINJA', 'jinja2' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(TINY)], env=_env(cache),
+                       capture_output=True, text=True, timeout=300)
+    assert "JINJA False" in r.stdout, r.stdout + r.stderr

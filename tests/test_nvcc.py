@@ -38,3 +38,52 @@ def test_nvcc_compiles_variant(variant_spec, nvcc, tmp_path):
     if variant_spec.name == "t_fp8_interleaved_pow2_page16":
         pytest.skip("same kernel path as the shipped fp8_e4m3_interleaved_page64 spec")
     _compile(variant_spec, tmp_path)
+
+
+# The CPU torch wheel ships ATen/c10 CUDA headers but not the CUDA libraries' headers they
+# include; these stand-ins declare just the handle and status types the headers name, so the
+# host side of the CUDA build (bindings.cpp with DSAGEN_WITH_CUDA) can be compiled here.
+_STUBS = {
+    "cusparse.h": "typedef struct cusparseContext* cusparseHandle_t;\n"
+                  "typedef enum { CUSPARSE_STATUS_SUCCESS = 0 } cusparseStatus_t;\n",
+    "cublas_v2.h": "typedef struct cublasContext* cublasHandle_t;\n"
+                   "typedef enum { CUBLAS_STATUS_SUCCESS = 0 } cublasStatus_t;\n",
+    "cublasLt.h": "typedef struct cublasLtContext* cublasLtHandle_t;\n",
+    "cusolverDn.h": "typedef struct cusolverDnContext* cusolverDnHandle_t;\n",
+    "cusolver_common.h": "typedef enum { CUSOLVER_STATUS_SUCCESS = 0 } cusolverStatus_t;\n",
+    "c10/cuda/impl/cuda_cmake_macros.h": "",
+}
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3_page64", "bf16_page64", "fp4_e2m1_page64"])
+def test_cuda_bindings_compile(name, nvcc, tmp_path):
+    """bindings.cpp as the CUDA build compiles it (DSAGEN_WITH_CUDA): the torch-op side of the
+    CUDA kernels, which no CPU build touches (a type error here once reached the GPU build)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import dsagen
+    from torch.utils.cpp_extension import include_paths
+    from conftest import SPECS
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    for rel, text in _STUBS.items():
+        p = tmp_path / "stubs" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("#pragma once\n" + text)
+    src = tmp_path / "src"
+    src.mkdir()
+    for f, text in render(dsagen.load_spec(SPECS[name])).items():
+        (src / f).write_text(text)
+    import os
+    homes = [Path(nvcc).parent.parent, Path(nvcc).resolve().parent.parent, Path("/usr/local/cuda")]
+    if os.environ.get("CUDA_HOME"):
+        homes.insert(0, Path(os.environ["CUDA_HOME"]))
+    cuda_inc = next((h / "include" for h in homes if (h / "include" / "cuda_runtime_api.h").exists()), None)
+    assert cuda_inc is not None, f"no CUDA include directory with cuda_runtime_api.h near {nvcc}"
+    cmd = [cxx, "-std=c++20", "-fsyntax-only", "-DDSAGEN_WITH_CUDA", f"-I{src}", f"-I{cuda_inc}",
+           f"-I{tmp_path / 'stubs'}"] + [f"-I{p}" for p in include_paths()] + [str(src / "bindings.cpp")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-6000:]

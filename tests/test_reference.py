@@ -325,6 +325,9 @@ class RefOps:
     def paged_logits(self, q, kv_cache, w, cl, bt, max_len, clean_logits=True):
         return R.paged_logits(q, kv_cache, w, cl, bt, max_len, clean_logits, self.spec)
 
+    def ragged_logits(self, q, k, k_scale, w, ks, ke, clean_logits=True):
+        return R.ragged_logits(q, k, k_scale, w, ks, ke, clean_logits, self.spec)
+
 
 @pytest.mark.parametrize("change", [dict(scale_placement="interleaved"), dict(scale_rounding="pow2")],
                          ids=["placement", "rounding"])
@@ -391,3 +394,24 @@ def test_ue8m0_bytes_are_biased_exponents(gen):
             raw = (k[t, 16 * i:16 * (i + 1)].abs().max() / 448).item()
             e = math.ceil(math.log2(raw))
             assert int(flat[s0 + i]) == e + 127 and sc[t, i] == 2.0 ** e
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_SPECS))
+def test_ragged_logits_vs_loop(name, gen, repro):
+    """Prefill logits against a double loop over the decoded keys (DeepGEMM fp8_mqa_logits)."""
+    spec = SMALL_SPECS[name]
+    from dsagen.verify import ragged_inputs
+    q, k, sc, w = ragged_inputs(spec, 5, 11, gen, "cpu")
+    ks = torch.tensor([0, 3, 4, 10, 2], dtype=torch.int32)
+    ke = torch.tensor([11, 3, 9, 11, 5], dtype=torch.int32)       # row 1 is empty
+    got = R.ragged_logits(q, k, sc, w, ks, ke, True, spec, compute_dtype=torch.float64)
+    kf = R.decode_keys(k, spec).double()
+    if sc is not None:
+        kf = kf * sc.double().reshape(11, -1).repeat_interleave(spec.scale_block, 1)
+    for s in range(5):
+        for n in range(11):
+            if not int(ks[s]) <= n < int(ke[s]):
+                assert got[s, n] == -math.inf
+                continue
+            acc = sum(float(w[s, h]) * max(0.0, float(q[s, h].double() @ kf[n])) for h in range(spec.num_heads))
+            assert got[s, n].item() == pytest.approx(acc, rel=1e-9, abs=1e-9), repro

@@ -45,8 +45,59 @@ def test_three_layer_pool_each_layer_reads_its_own_scales(dsagen_spec, dsagen_op
     assert not torch.equal(outs[0], outs[1])
     kq, sc = pool.gather(2, bt, torch.tensor([0, lens[0], lens[0] + lens[1]]))
     want_kq, want_sc = R.read_tokens(pool.layer(2), slots, spec)
-    assert torch.equal(kq.view(torch.uint8), want_kq.view(torch.uint8))
+    assert torch.equal(R.decode_keys(kq, spec), want_kq.float())
     assert (sc is None and want_sc is None) or torch.equal(sc, want_sc)
+
+
+def test_chunked_prefill_gather_then_ragged_logits(dsagen_spec, dsagen_ops, gen, repro):
+    """Two requests gathered one after the other; this chunk's queries are request 0's last 30
+    tokens and request 1's last 50 (a 140-token prefix already cached), so request 1's queries
+    see keys from offset len0 on. Ragged logits of the gathered keys must equal float64 logits of
+    the dequantized cached keys, and the paged op's logits of the same rows (2-D context_lens)."""
+    spec, ops = dsagen_spec, dsagen_ops
+    ps = spec.page_size
+    lens = [90, 190]
+    pages = [-(-n // ps) for n in lens]
+    pool = IndexerKCache(spec, num_layers=2, num_pages=sum(pages) + 3, ops=ops)
+    perm = torch.randperm(sum(pages) + 3, generator=gen)[:sum(pages)].to(torch.int32)
+    bt = torch.zeros(2, max(pages), dtype=torch.int32)
+    bt[0, :pages[0]], bt[1, :pages[1]] = perm[:pages[0]], perm[pages[0]:]
+    slots = [(bt[b, :pages[b]].long()[:, None] * ps + torch.arange(ps)).reshape(-1)[:lens[b]] for b in range(2)]
+    for layer in range(2):
+        pool.store(layer, random_keys(sum(lens), spec.head_dim, gen, "cpu"), torch.cat(slots))
+    k, sc = pool.gather(1, bt, torch.tensor([0, lens[0], sum(lens)]))
+    assert k.shape[0] == sum(lens)
+    rows = [(0, lens[0] - 30 + i + 1) for i in range(30)] + \
+           [(lens[0], lens[0] + 140 + i + 1) for i in range(50)]
+    ks = torch.tensor([r[0] for r in rows], dtype=torch.int32)
+    ke = torch.tensor([r[1] for r in rows], dtype=torch.int32)
+    S = len(rows)
+    q = random_q(spec, S, 1, gen, "cpu")[:, 0]
+    w = torch.randn(S, spec.num_heads, generator=gen)
+    out = pool.ragged_logits(q, k, sc, w, ks, ke)
+    assert out.shape == (S, sum(lens)) and out.dtype == torch.float32
+    # independent: float64 over the dequantized keys of the cached slots
+    deq = R.dequantize(pool.layer(1), torch.cat(slots), spec).double()
+    s = torch.relu(torch.einsum("shd,nd->shn", q.double(), deq))
+    want = (s * w.double()[:, :, None]).sum(1)
+    n = torch.arange(sum(lens))
+    valid = (n[None, :] >= ks[:, None]) & (n[None, :] < ke[:, None])
+    assert torch.equal(torch.isneginf(out), ~valid), repro
+    err = float((out[valid].double() - want[valid]).norm() / want[valid].norm())
+    assert err < 1e-4, (err, repro)
+    # the paged op agrees: request b's row i with 2-D context_lens = its visible length
+    for b, (lo, cnt) in enumerate(((0, 30), (30, 50))):
+        cl = torch.tensor([[int(ke[lo + i] - ks[lo + i])] for i in range(cnt)], dtype=torch.int32)
+        paged = pool.paged_logits(1, q[lo:lo + cnt, None].contiguous(), w[lo:lo + cnt], cl,
+                                  bt[b:b + 1].expand(cnt, -1).contiguous(), lens[b]) \
+            if 1 in spec.next_n else None
+        if paged is None:
+            continue
+        off = 0 if b == 0 else lens[0]
+        got = out[lo:lo + cnt, off:off + lens[b]]
+        v = torch.isfinite(paged)
+        assert torch.equal(torch.isneginf(got), ~v), repro
+        assert float((got[v].double() - paged[v].double()).norm() / paged[v].double().norm()) < 1e-5
 
 
 def test_topk_semantics(gen):

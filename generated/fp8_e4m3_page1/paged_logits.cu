@@ -8,6 +8,8 @@
 //    key scale and masking in registers. The schedule (which tiles a CTA owns) is computed
 //    on the device from context_lens: no host sync, no metadata launch.
 //  * paged_logits_simt: portable CUDA-core path (sm_100a and any other device).
+// and ragged_logits_simt: prefill logits over contiguous keys (DeepGEMM fp8_mqa_logits
+// semantics), a portable CUDA-core kernel on every device.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -129,6 +131,61 @@ paged_logits_simt(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache
   }
 }
 
+// ------------------------------------------------------------------------------------------
+// Ragged (prefill) logits: query s sees contiguous keys [ks[s], ke[s]). One CTA per (query,
+// 32 keys); the query's heads in shared memory, 4 warps split the heads.
+// ------------------------------------------------------------------------------------------
+__global__ void __launch_bounds__(128)
+ragged_logits_simt(const QT* __restrict__ q, const uint8_t* __restrict__ k, const float* __restrict__ k_scale,
+                   const float* __restrict__ weights, const int* __restrict__ ks, const int* __restrict__ ke,
+                   float* __restrict__ logits, int64_t num_keys, bool clean_logits) {
+  extern __shared__ __align__(16) uint8_t ragged_smem[];
+  QT* sq = reinterpret_cast<QT*>(ragged_smem);                                   // [kNumHeads][kHeadDim]
+  float* sk = reinterpret_cast<float*>(ragged_smem + kNumHeads * kHeadDim * sizeof(QT));  // [32][kHeadDim+1]
+  float* sred = sk + 32 * (kHeadDim + 1);                                        // [4][32]
+  __shared__ float sscale[32];
+  const int64_t s = blockIdx.y;
+  const int64_t n0 = int64_t(blockIdx.x) * 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t lo = __ldg(ks + s), hi = __ldg(ke + s);
+  if (clean_logits && (n0 + 32 <= lo || n0 >= hi)) {   // no visible key in this tile
+    if (tid < 32 && n0 + tid < num_keys) logits[s * num_keys + n0 + tid] = kNegInf;
+    return;
+  }
+  for (int idx = tid; idx < kNumHeads * kHeadDim; idx += 128) sq[idx] = q[s * kNumHeads * kHeadDim + idx];
+  for (int idx = tid; idx < 32 * kHeadDim; idx += 128) {
+    const int r = idx / kHeadDim, d = idx % kHeadDim;
+    const int64_t n = n0 + r;
+    float v = 0.f;
+    if (n < num_keys) {
+      v = load_key(k + n * kKeyBytes, d);
+      if (d == 0) sscale[r] = __ldg(k_scale + n);
+    } else if (d == 0) {
+      sscale[r] = 0.f;
+    }
+    sk[r * (kHeadDim + 1) + d] = v;
+  }
+  __syncthreads();
+  float part = 0.f;
+  const float* krow = sk + lane * (kHeadDim + 1);
+  for (int h = warp; h < kNumHeads; h += 4) {
+    const QT* qrow = sq + h * kHeadDim;
+    float dot = 0.f;
+#pragma unroll 8
+    for (int d = 0; d < kHeadDim; ++d) dot = fmaf(q_to_float(qrow[d]), krow[d], dot);
+    part += fmaxf(dot, 0.f) * __ldg(weights + s * kNumHeads + h);
+  }
+  sred[warp * 32 + lane] = part;
+  __syncthreads();
+  if (warp == 0) {
+    const int64_t n = n0 + lane;
+    if (n < num_keys) {
+      const float v = (sred[lane] + sred[32 + lane] + sred[64 + lane] + sred[96 + lane]) * sscale[lane];
+      logits[s * num_keys + n] = (!clean_logits || (n >= lo && n < hi)) ? v : kNegInf;
+    }
+  }
+}
+
 
 // Per-device, per-instantiation launch configuration (the shared-memory opt-in is per device).
 constexpr int kMaxDevices = 64;
@@ -158,6 +215,33 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, const float* w
       static_cast<const QT*>(q), kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits,
       max_context_len, clean_logits);
   return cudaGetLastError();
+}
+
+cudaError_t launch_ragged_logits(const void* q, const uint8_t* k, const float* k_scale, const float* weights,
+                                 const int* ks, const int* ke, float* logits, int64_t num_queries,
+                                 int64_t num_keys, bool clean_logits, cudaStream_t stream) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  const int smem = kNumHeads * kHeadDim * int(sizeof(QT)) + 32 * (kHeadDim + 1) * 4 + 4 * 32 * 4;
+  static bool configured[kMaxDevices] = {};
+  if (!configured[dev]) {
+    err = cudaFuncSetAttribute(ragged_logits_simt, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    configured[dev] = true;
+  }
+  // grid.y is at most 65535: launch the queries in chunks
+  for (int64_t s0 = 0; s0 < num_queries; s0 += 65535) {
+    const int64_t rows = num_queries - s0 < 65535 ? num_queries - s0 : 65535;
+    const dim3 grid(unsigned((num_keys + 31) / 32), unsigned(rows));
+    ragged_logits_simt<<<grid, 128, smem, stream>>>(
+        static_cast<const QT*>(q) + s0 * kNumHeads * kHeadDim, k, k_scale, weights + s0 * kNumHeads, ks + s0,
+        ke + s0, logits + s0 * num_keys, num_keys, clean_logits);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t launch_paged_logits(int next_n, const void* q, const uint8_t* kv_cache, const float* weights,

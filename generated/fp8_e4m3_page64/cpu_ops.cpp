@@ -21,6 +21,27 @@ static float pow2_ceil(float s) {
   return m == 0.5f ? s : std::ldexp(1.0f, e);
 }
 
+// Stored (unscaled) values of one key row.
+static inline void decode_row(const uint8_t* kb, float* key) {
+  for (int d = 0; d < kHeadDim; ++d) {
+    KeyT v;
+    std::memcpy(&v, kb + d * sizeof(KeyT), sizeof(KeyT));
+    key[d] = static_cast<float>(v);
+  }
+}
+
+// sum_h w[h] * relu(q[h] . key) for one query row (q: [kNumHeads][kHeadDim] fp32).
+static inline float head_sum(const float* q, const float* w, const float* key) {
+  float acc = 0.f;
+  for (int h = 0; h < kNumHeads; ++h) {
+    const float* qh = q + h * kHeadDim;
+    float dot = 0.f;
+    for (int d = 0; d < kHeadDim; ++d) dot += qh[d] * key[d];
+    acc += std::max(dot, 0.f) * w[h];
+  }
+  return acc;
+}
+
 void store_cpu(const at::Tensor& k_in, const at::Tensor& kv_cache, const at::Tensor& loc_in) {
   at::Tensor k = k_in.to(at::kFloat).contiguous();
   at::Tensor loc = loc_in.to(at::kLong).contiguous();
@@ -89,25 +110,47 @@ at::Tensor paged_logits_cpu(const at::Tensor& q_in, const at::Tensor& kv_cache,
           continue;
         }
         const int64_t slot = int64_t(btp[b * bt_stride + j / kPageSize]) * kPageSize + j % kPageSize;
-        const uint8_t* kb = kv + key_offset(slot);
-        for (int d = 0; d < kHeadDim; ++d) {
-          KeyT v;
-          std::memcpy(&v, kb + d * sizeof(KeyT), sizeof(KeyT));
-          key[d] = static_cast<float>(v);
-        }
+        decode_row(kv + key_offset(slot), key);
         const float kscale = load_scale(kv, slot, 0);
         for (int64_t i = 0; i < next_n; ++i) {
           const int64_t r = b * next_n + i;
           const int64_t bound = ctx_2d ? clp[r] : std::min<int64_t>(clp[b], clp[b] - next_n + i + 1);
-          float acc = 0.f;
-          for (int h = 0; h < kNumHeads; ++h) {
-            const float* qh = qp + (r * kNumHeads + h) * kHeadDim;
-            float dot = 0.f;
-            for (int d = 0; d < kHeadDim; ++d) dot += qh[d] * key[d];
-            acc += std::max(dot, 0.f) * wp[r * kNumHeads + h];
-          }
+          const float acc = head_sum(qp + r * kNumHeads * kHeadDim, wp + r * kNumHeads, key);
           op[r * max_context_len + j] = (j < bound || !clean_logits) ? acc * kscale : ninf;
         }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor ragged_logits_cpu(const at::Tensor& q_in, const at::Tensor& k_in, const c10::optional<at::Tensor>& k_scale_in,
+                             const at::Tensor& weights_in, const at::Tensor& ks_in, const at::Tensor& ke_in,
+                             bool clean_logits) {
+  const int64_t S = q_in.size(0), N = k_in.size(0);
+  at::Tensor q = q_in.to(at::kFloat).contiguous();
+  at::Tensor w = weights_in.to(at::kFloat).contiguous();
+  at::Tensor k = k_in.contiguous();
+  at::Tensor ks = ks_in.to(at::kInt).contiguous(), ke = ke_in.to(at::kInt).contiguous();
+  at::Tensor sc = k_scale_in->to(at::kFloat).contiguous();
+  const float* scp = sc.data_ptr<float>();
+  at::Tensor out = at::empty({S, N}, q_in.options().dtype(at::kFloat));
+  const float* qp = q.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  const int* ksp = ks.data_ptr<int>();
+  const int* kep = ke.data_ptr<int>();
+  const uint8_t* kp = static_cast<const uint8_t*>(k.data_ptr());
+  float* op = out.data_ptr<float>();
+  const float ninf = -std::numeric_limits<float>::infinity();
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    float key[kHeadDim];
+    for (int64_t n = begin; n < end; ++n) {
+      decode_row(kp + n * kKeyBytes, key);
+      const float kscale = scp[n];
+      for (int64_t s = 0; s < S; ++s) {
+        const bool valid = n >= ksp[s] && n < kep[s];
+        op[s * N + n] = (valid || !clean_logits)
+            ? head_sum(qp + s * kNumHeads * kHeadDim, wp + s * kNumHeads, key) * kscale : ninf;
       }
     }
   });
