@@ -1,0 +1,89 @@
+"""Start-up cost of dsagen (issue 6): cold build of each spec into an empty cache, then the
+warm load in fresh processes (median of N), then `dsagen precompile` of all specs into another
+empty cache. Prints a table and writes JSON.
+
+    python benchmarks/startup.py specs/*.yaml [--runs 5] [--json out.json] [--no-precompile]
+
+The device (CUDA build or CPU-only) is whatever `dsagen.load` picks on this machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CHILD = r"""
+import sys, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+import dsagen
+ops = dsagen.load(sys.argv[1])
+t2 = time.perf_counter()
+print("TIMES", t1 - t0, t2 - t1, int(ops.has_cuda), int("jinja2" in sys.modules))
+"""
+
+
+def child(spec: str, cache: str) -> tuple[float, float, bool, bool]:
+    env = dict(os.environ, DSAGEN_CACHE_DIR=cache)
+    env.pop("DSAGEN_DISABLE_JIT", None)
+    r = subprocess.run([sys.executable, "-c", CHILD, spec], env=env, capture_output=True, text=True)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("TIMES")]
+    if r.returncode or not line:
+        raise SystemExit(f"{spec}: load failed\n{r.stderr[-3000:]}")
+    _, t_torch, t_load, cuda, jinja = line[0].split()
+    return float(t_torch), float(t_load), cuda == "1", jinja == "1"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("specs", nargs="+")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--json")
+    ap.add_argument("--no-precompile", action="store_true")
+    ap.add_argument("--arch", default="sm_90a")
+    a = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = os.path.join(tmp, "cache")
+        for spec in a.specs:
+            t = time.perf_counter()
+            _, cold_load, cuda, _ = child(spec, cache)
+            cold_wall = time.perf_counter() - t
+            warm = [child(spec, cache) for _ in range(a.runs)]
+            row = {"spec": os.path.basename(spec).removesuffix(".yaml"), "cuda": cuda,
+                   "cold_load_s": round(cold_load, 2), "cold_process_s": round(cold_wall, 2),
+                   "warm_load_ms_median": round(1e3 * statistics.median(w[1] for w in warm), 1),
+                   "warm_load_ms_all": [round(1e3 * w[1], 1) for w in warm],
+                   "import_torch_ms_median": round(1e3 * statistics.median(w[0] for w in warm), 1),
+                   "warm_imports_jinja": any(w[3] for w in warm)}
+            rows.append(row)
+            print(f"{row['spec']:<30} cuda={int(cuda)} cold load {cold_load:7.1f} s   warm load median "
+                  f"{row['warm_load_ms_median']:6.1f} ms {row['warm_load_ms_all']}   (import torch "
+                  f"{row['import_torch_ms_median']:.0f} ms, not counted)", flush=True)
+        result = {"rows": rows}
+        if not a.no_precompile:
+            out = os.path.join(tmp, "pre")
+            env = dict(os.environ)
+            env.pop("DSAGEN_DISABLE_JIT", None)
+            t = time.perf_counter()
+            r = subprocess.run([sys.executable, "-m", "dsagen.cli", "precompile", *a.specs, "--arch", a.arch,
+                                "--out", out], env=env, capture_output=True, text=True)
+            result["precompile_s"] = round(time.perf_counter() - t, 1)
+            result["precompile_rc"] = r.returncode
+            print(f"precompile of {len(a.specs)} specs (--arch {a.arch}): {result['precompile_s']} s, "
+                  f"exit {r.returncode}", flush=True)
+            print(r.stdout[-2000:], r.stderr[-2000:])
+    result["cpu_count"] = os.cpu_count()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
