@@ -59,7 +59,7 @@ SPIN_MAX_US = 5000.0
 
 __all__ = [
     "Shape", "Timing", "Bench", "run", "default_shapes", "context_lens_for",
-    "paged_logits_bytes", "store_bytes", "fallback_peak_bytes", "num_sets",
+    "paged_logits_bytes", "store_bytes", "ragged_flops", "fallback_peak_bytes", "num_sets",
     "make_logits_inputs", "make_store_inputs", "random_keys_on", "deepgemm_applies",
     "format_header", "format_row", "format_table", "measure_copy_bandwidth", "device_meta",
     "CudaTimer", "HostTimer",
@@ -76,6 +76,8 @@ class Shape:
     ``op="paged_logits"``: ``B`` requests of ``next_n`` query rows, each ``ctx`` keys long
     (``ctx="mixed"``: ``B`` lengths uniform in ``[1, 65536]``, seeded by ``MIXED_SEED``).
     ``op="store"``: ``N`` bf16 keys stored at random distinct slots.
+    ``op="ragged_logits"``: causal prefill of the last ``B`` tokens of a ``ctx``-token sequence:
+    query ``i`` sees keys ``[0, ctx - B + i + 1)`` (DeepGEMM ``fp8_mqa_logits`` semantics).
     """
 
     op: str
@@ -87,6 +89,8 @@ class Shape:
     def label(self) -> str:
         if self.op == "store":
             return f"store N={self.N}"
+        if self.op == "ragged_logits":
+            return f"ragged_logits S={self.B} N={self.ctx}"
         return f"paged_logits B={self.B} next_n={self.next_n} ctx={self.ctx}"
 
 
@@ -111,7 +115,14 @@ def default_shapes(spec: Spec, quick: bool = False) -> list[Shape]:
                 out.append(Shape("paged_logits", B=B, next_n=nn, ctx=ctx))
         out.append(Shape("paged_logits", B=MIXED_B, next_n=nn, ctx="mixed"))
     out += [Shape("store", N=n) for n in (1, 128, 16384, 65536)]
+    out += [Shape("ragged_logits", B=S, ctx=n) for S, n in ((4096, 4096), (2048, 16384))]
     return out
+
+
+def ragged_flops(spec: Spec, S: int, N: int) -> int:
+    """``2 * sum(ke - ks) * num_heads * head_dim`` of a causal ragged shape (see :class:`Shape`)."""
+    visible = sum(N - S + i + 1 for i in range(S))
+    return 2 * visible * spec.num_heads * spec.head_dim
 
 
 def context_lens_for(shape: Shape) -> list[int]:
@@ -503,6 +514,8 @@ _COLS = [  # (title, width, key, format)
     ("dg%copy", 8, "deepgemm_pct_copy_bw", ".1f"),
     ("x_dg", 6, "speedup_vs_deepgemm", ".2f"),
     ("bitwise", 8, "bitwise_20_reruns", "b"),
+    ("TF/s", 6, "tflops", ".1f"),
+    ("%mm", 5, "pct_matmul", ".1f"),
 ]
 
 
@@ -641,6 +654,8 @@ class Bench:
                 self._paged_logits(ops, spec, shape, row)
             elif shape.op == "store":
                 self._store(ops, spec, shape, row)
+            elif shape.op == "ragged_logits":
+                self._ragged(ops, spec, shape, row)
             else:
                 raise ValueError(f"unknown op {shape.op!r}")
         except Exception as e:  # one bad shape (OOM, a kernel error) must not end the run
@@ -725,6 +740,44 @@ class Bench:
         elif self.deepgemm is None and deepgemm_applies(spec):
             row["deepgemm_note"] = "deep_gemm not importable"
         del sets, args
+
+    # ---- ragged_logits (prefill) -----------------------------------------------------------
+    def _ragged(self, ops, spec: Spec, shape: Shape, row: dict) -> None:
+        """Times ``ops.ragged_logits`` on a causal prefill shape; reports TFLOP/s
+        (``2*sum(ke-ks)*H*D / t``) and the same-run dense bf16 matmul rate
+        (``[S*H, D] x [D, N]``) it is a percentage of."""
+        S, N = int(shape.B), int(shape.ctx)
+        if S > N:
+            raise ValueError(f"ragged_logits: S={S} queries exceed N={N} keys")
+        gen = _gen(self.device, self.seed * 1000 + 5)
+        H, D = spec.num_heads, spec.head_dim
+        kq, sc = R.quantize(random_keys_on(N, D, gen, self.device), spec)
+        k = R._key_bytes(kq, spec) if spec.key_dtype == "e2m1" else kq
+        if sc is not None and spec.scales_per_token == 1:
+            sc = sc[:, 0].contiguous()
+        q = (torch.randn(S, H, D, generator=gen, device=self.device) * 4).to(spec.query.torch_dtype)
+        w = torch.randn(S, H, generator=gen, device=self.device)
+        ks = torch.zeros(S, dtype=torch.int32, device=self.device)
+        ke = torch.arange(N - S + 1, N + 1, dtype=torch.int32, device=self.device)
+        flops = ragged_flops(spec, S, N)
+        row.update(n_sets=1, flops=flops)
+
+        def kernel(_):
+            return ops.ragged_logits(q, k, sc, w, ks, ke, True)
+
+        first = kernel(0)
+        row["bitwise_20_reruns"] = all(torch.equal(kernel(0), first) for _ in range(self.reruns))
+        del first
+        t = self.timer.time(kernel, 1, self.runs, self.warmup, None)
+        nbytes = N * spec.bytes_per_token + S * H * (D * spec.query.bits // 8 + 4) + S * N * 4
+        self._fill_timing(row, t, nbytes)
+        row["tflops"] = _r(flops / t.us / 1e6, 4)
+        a = torch.randn(S * H, D, generator=gen, device=self.device).to(torch.bfloat16)
+        b = torch.randn(D, N, generator=gen, device=self.device).to(torch.bfloat16)
+        mt = self.timer.time(lambda _: a @ b, 1, max(3, self.runs // 5), 2, None)
+        row["matmul_tflops"] = _r(2 * S * H * D * N / mt.us / 1e6, 4)
+        row["matmul_note"] = "dense bf16 [S*H, D] x [D, N], same run"
+        row["pct_matmul"] = _r(100.0 * row["tflops"] / row["matmul_tflops"]) if row["matmul_tflops"] else None
 
     # ---- store -----------------------------------------------------------------------------
     def _store(self, ops, spec: Spec, shape: Shape, row: dict) -> None:

@@ -31,11 +31,16 @@ class RefOps:
         return R.paged_logits(q, kv_cache, weights, context_lens, block_table, max_context_len,
                               clean_logits, self.spec)
 
+    def ragged_logits(self, q, k, k_scale, weights, ks, ke, clean_logits=True):
+        return R.ragged_logits(q, k, k_scale, weights, ks, ke, clean_logits, self.spec)
+
 
 def test_default_shapes():
     full = Bn.default_shapes(FP8)
     logits = [s for s in full if s.op == "paged_logits"]
     stores = [s for s in full if s.op == "store"]
+    ragged = [s for s in full if s.op == "ragged_logits"]
+    assert {(s.B, s.ctx) for s in ragged} == {(4096, 4096), (2048, 16384)}
     assert len(logits) == 2 * (2 * 3 + 1)
     assert {(s.B, s.next_n, s.ctx) for s in logits} >= {(32, 1, 8192), (128, 2, 65536), (128, 1, "mixed")}
     assert [s.N for s in stores] == [1, 128, 16384, 65536]
@@ -158,6 +163,14 @@ def test_bench_rows_cpu():
         # copy bandwidth 100 GB/s: the percentage equals the GB/s figure
         assert r["pct_copy_bw"] == pytest.approx(r["bytes"] / r["us"] / 1e3, rel=0.01, abs=0.01)
         assert r["deepgemm_us"] is None
+    # prefill rows: TFLOP/s from 2*sum(ke-ks)*H*D and the same-run dense matmul rate
+    r = b.bench(RefOps(FP8), FP8, Bn.Shape("ragged_logits", B=6, ctx=20))
+    assert r["error"] is None, r["error"]
+    assert r["flops"] == 2 * sum(20 - 6 + i + 1 for i in range(6)) * FP8.num_heads * FP8.head_dim
+    assert r["tflops"] == pytest.approx(r["flops"] / r["us"] / 1e6, rel=0.02)
+    assert r["matmul_tflops"] > 0 and r["pct_matmul"] == pytest.approx(100 * r["tflops"] / r["matmul_tflops"], rel=0.02)
+    assert r["bitwise_20_reruns"] is True
+    assert "TF/s" in Bn.format_header() and Bn.format_row(r)
     # an unsupported next_n becomes an error row, not an exception
     bad = b.bench(RefOps(FP8), FP8.with_(next_n=[1]), Bn.Shape("paged_logits", B=1, next_n=2, ctx=10))
     assert bad["error"] and "next_n" in bad["error"]
@@ -179,10 +192,10 @@ def test_table_formatting():
     head = Bn.format_header()
     lines = [Bn.format_row(r) for r in rows[1:]]
     assert head.split() == ["spec", "op", "B", "nn", "ctx/N", "us", "GB/s", "%copy", "fallback_us",
-                            "x_fb", "deepgemm_us", "dg%copy", "x_dg", "bitwise"]
+                            "x_fb", "deepgemm_us", "dg%copy", "x_dg", "bitwise", "TF/s", "%mm"]
     assert len(lines[0]) == len(head)                       # aligned columns
     assert lines[0].split() == ["fp8_e4m3_page64", "paged_logits", "128", "2", "mixed", "512.3",
-                                "3800", "90.5", "12345.6", "24.1", "600.0", "77.2", "1.17", "yes"]
+                                "3800", "90.5", "12345.6", "24.1", "600.0", "77.2", "1.17", "yes", "-", "-"]
     assert lines[1].split()[:8] == ["bf16_page64", "store", "-", "-", "65536", "9.9", "1200", "28.6"]
     assert lines[1].split()[-1] == "-"
     assert lines[2].endswith("ERROR: RuntimeError: boom") and " NO " in lines[2]
