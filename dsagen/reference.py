@@ -60,7 +60,8 @@ def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | 
         Per block of ``scale.block`` elements: ``amax = max(|k|, 1e-4)``, ``scale = amax / max``
         (max = 448 for e4m3, 6 for e2m1); ``pow2`` rounding (always for ue8m0 scales):
         ``2**ceil(log2(scale))``, DeepSeek V3.2's ue8m0 format; ``k_q = key_dtype(k / scale)``
-        (round to nearest even, saturating).
+        (round to nearest even, saturating). NaN elements are ignored by ``amax``; stored bytes
+        are specified for finite keys.
     Raises:
         ValueError: a pow2 scale outside the ue8m0 range ``2**-127 .. 2**127``.
     """
@@ -68,7 +69,9 @@ def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | 
     if not spec.quantized:
         return k.to(kd.torch_dtype), None
     x = k.float().reshape(k.shape[0], spec.scales_per_token, spec.scale_block)
-    amax = x.abs().amax(-1).clamp(min=1e-4)
+    a = x.abs()
+    # NaN elements do not raise the scale (the kernels' fmaxf / std::max skip them)
+    amax = torch.where(torch.isnan(a), torch.zeros_like(a), a).amax(-1).clamp(min=1e-4)
     scale = amax / kd.max_value
     if spec.scale_rounding == "pow2":
         scale = _pow2_ceil(scale)
@@ -194,7 +197,7 @@ def _check_logits_args(q, kv_cache, weights, context_lens, block_table, max_cont
 def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                  context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
                  clean_logits: bool, spec: Spec,
-                 compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                 compute_dtype: torch.dtype = torch.float32, magnitude: bool = False) -> torch.Tensor:
     """Lightning-indexer paged logits, matching DeepGEMM ``fp8_paged_mqa_logits``.
 
     ``logits[b*next_n+i, j] = k_scale[j] * sum_h weights[b*next_n+i, h] * relu(q[b,i,h] . k_q[j])``
@@ -211,6 +214,9 @@ def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
         max_context_len: columns of the result.
         clean_logits: invalid entries are ``-inf`` (the reference always writes ``-inf`` there).
         compute_dtype: float32 or float64; also the result's dtype.
+        magnitude: instead of the logits, the same sums over absolute values,
+            ``scale * sum_h |w| * sum_d |q * k|``: the size of the terms a logit is the sum of,
+            which bounds its floating-point rounding error (the verifier's condition scale).
     Returns:
         ``[B*next_n, max_context_len]`` logits.
     """
@@ -232,8 +238,11 @@ def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
         if sc is not None and spec.scales_per_token > 1:   # block scales: dequantize first
             k = (k.view(L, spec.scales_per_token, spec.scale_block)
                  * sc.to(compute_dtype)[..., None]).view(L, spec.head_dim)
-        s = torch.relu(torch.einsum("ihd,jd->ihj", q[b].to(compute_dtype), k))
-        s = (s * weights[b * next_n:(b + 1) * next_n].to(compute_dtype)[:, :, None]).sum(1)
+        qb, wb = q[b].to(compute_dtype), weights[b * next_n:(b + 1) * next_n].to(compute_dtype)
+        if magnitude:
+            qb, k, wb = qb.abs(), k.abs(), wb.abs()
+        s = torch.relu(torch.einsum("ihd,jd->ihj", qb, k))
+        s = (s * wb[:, :, None]).sum(1)
         if sc is not None and spec.scales_per_token == 1:
             s = s * sc[:, 0].to(compute_dtype)[None, :]
         out[b * next_n:(b + 1) * next_n, :L] = s
@@ -259,7 +268,8 @@ def decode_keys(k: torch.Tensor, spec: Spec) -> torch.Tensor:
 
 def ragged_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None,
                   weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool,
-                  spec: Spec, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                  spec: Spec, compute_dtype: torch.dtype = torch.float32,
+                  magnitude: bool = False) -> torch.Tensor:
     """Prefill (ragged) indexer logits over contiguous keys, DeepGEMM ``fp8_mqa_logits`` semantics.
 
     ``logits[s, n] = k_scale[n] * sum_h weights[s, h] * relu(q[s, h] . k[n])`` for
@@ -274,6 +284,7 @@ def ragged_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None
         ks, ke: int32 ``[S]``: query ``s`` sees keys ``[ks[s], ke[s])``.
         clean_logits: the reference always writes ``-inf`` outside the range.
         compute_dtype: float32 or float64; also the result's dtype.
+        magnitude: the sums over absolute values instead (see :func:`paged_logits`).
     Returns:
         ``[S, N]`` logits.
     Raises:
@@ -287,15 +298,19 @@ def ragged_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None
     kf = decode_keys(k, spec).to(compute_dtype)
     post = None
     if spec.quantized:
-        if k_scale is None or k_scale.shape not in ((N,), (N, spec.scales_per_token)):
-            raise ValueError(f"k_scale must be fp32 [N] or [N, {spec.scales_per_token}]")
+        ok = ((N, spec.scales_per_token),) + (((N,),) if spec.scales_per_token == 1 else ())
+        if k_scale is None or tuple(k_scale.shape) not in ok:
+            raise ValueError(f"k_scale must be fp32 " + " or ".join(str(list(x)) for x in ok))
         sc = k_scale.reshape(N, spec.scales_per_token).to(compute_dtype)
         if spec.scales_per_token > 1:
             kf = (kf.view(N, spec.scales_per_token, spec.scale_block) * sc[..., None]).view(N, -1)
         else:
             post = sc[:, 0]
-    s = torch.relu(torch.einsum("shd,nd->shn", q.to(compute_dtype), kf))
-    out = (s * weights.to(compute_dtype)[:, :, None]).sum(1)
+    qc, wc = q.to(compute_dtype), weights.to(compute_dtype)
+    if magnitude:
+        qc, kf, wc = qc.abs(), kf.abs(), wc.abs()
+    s = torch.relu(torch.einsum("shd,nd->shn", qc, kf))
+    out = (s * wc[:, :, None]).sum(1)
     if post is not None:
         out = out * post[None, :]
     n = torch.arange(N, device=q.device)

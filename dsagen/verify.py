@@ -5,9 +5,15 @@ the block table is a random permutation of pages; context lengths are not page m
 
 * store: the whole ``kv_cache`` after the op must equal, byte for byte, the reference's.
 * paged_logits: the ``-inf`` masks must be equal, no NaN may be left (so every element was
-  written), and the relative L2 error of the valid entries against the reference computed in
-  float64 from the same quantized q and keys must be below 1e-4. DeepGEMM's ``calc_diff`` is
-  reported too.
+  written), and the error of the valid entries against the reference computed in float64 from
+  the same quantized q and keys must be small: relative L2 error ``|out - ref| / |ref|`` below
+  1e-4, or, where the logits nearly cancel, the condition-scaled error ``|out - ref| / |mag|``
+  below 2e-6, ``mag`` being the same sums over absolute values (``scale * sum_h |w| |q|.|k|``),
+  which bounds any floating-point evaluation's rounding error. Over random multi-logit cases
+  ``|mag| / |ref|`` is 50-75, so 2e-6 is the 1e-4 bar at the best-conditioned of them; a single
+  logit can be far worse conditioned (ratios up to 2356 measured), and there even exact-input
+  fp32 arithmetic (the CPU backend) exceeded a plain 1e-4 relative error (1.57e-4 at a ratio
+  that took it to ~1e-7 condition-scaled). DeepGEMM's ``calc_diff`` is reported too.
 * ragged_logits (prefill): the same checks over contiguous keys and per-query ``[ks, ke)``
   ranges (empty ranges, a chunked-prefill batch whose second request starts at an offset).
 """
@@ -22,6 +28,7 @@ from . import reference as R
 from .spec import Spec
 
 REL_L2_TOL = 1e-4
+COND_TOL = 2e-6    # |out - ref| / |sums of absolute values|; see the module docstring
 
 
 @dataclass
@@ -30,6 +37,7 @@ class Row:
     backend: str
     shape: str
     rel_l2: float = 0.0
+    cond_err: float = 0.0
     calc_diff: float = 0.0
     masks_equal: bool = True
     all_written: bool = True
@@ -50,10 +58,10 @@ class Report:
         return bool(self.rows) and all(r.passed for r in self.rows)
 
     def table(self) -> str:
-        lines = [f"{'op':<14}{'shape':<46}{'rel_l2':>10}{'calc_diff':>11}  masks  written  bytes  result"]
+        lines = [f"{'op':<14}{'shape':<46}{'rel_l2':>10}{'cond_err':>10}{'calc_diff':>11}  masks  written  bytes  result"]
         for r in self.rows:
             lines.append(
-                f"{r.op:<14}{r.shape:<46}{r.rel_l2:>10.2e}{r.calc_diff:>11.2e}  "
+                f"{r.op:<14}{r.shape:<46}{r.rel_l2:>10.2e}{r.cond_err:>10.2e}{r.calc_diff:>11.2e}  "
                 f"{'equal' if r.masks_equal else 'DIFF':<7}{'all' if r.all_written else 'NO':<9}"
                 f"{('equal' if r.bytes_equal else 'DIFF') if r.op == 'store' else '-':<7}"
                 f"{'ok' if r.passed else 'FAIL'}{(' ' + r.note) if r.note else ''}")
@@ -124,6 +132,8 @@ def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generato
     _poisoned_alloc((B * next_n, max_len), device)
     out = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits)
     ref = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64)
+    mag = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64,
+                         magnitude=True)
     valid = torch.isfinite(ref)
     row = Row("paged_logits", "", f"B={B} next_n={next_n} ctx={_ctx_str(context_lens)}"
               + (" 2d" if ctx_2d else "") + ("" if clean_logits else " unclean"))
@@ -137,14 +147,17 @@ def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generato
     if d.numel():
         den = float(torch.linalg.vector_norm(r))
         row.rel_l2 = float(torch.linalg.vector_norm(d - r)) / (den if den > 0 else 1.0)
+        mden = float(torch.linalg.vector_norm(mag[valid]))
+        row.cond_err = float(torch.linalg.vector_norm(d - r)) / (mden if mden > 0 else 1.0)
         row.calc_diff = R.calc_diff(d, r)
-    if math.isnan(row.rel_l2):
-        row.rel_l2 = float("inf")
+    if math.isnan(row.rel_l2) or math.isnan(row.cond_err):
+        row.rel_l2 = row.cond_err = float("inf")
     for _ in range(reruns - 1):
         again = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits)
         if not torch.equal(again, out) and not (clean_logits is False):
             row.deterministic = False
-    row.passed = (row.masks_equal and row.all_written and row.rel_l2 < REL_L2_TOL
+    row.passed = (row.masks_equal and row.all_written
+                  and (row.rel_l2 < REL_L2_TOL or row.cond_err < COND_TOL)
                   and row.deterministic)
     return row
 
@@ -172,6 +185,8 @@ def check_ragged(ops, spec: Spec, ks: list[int], ke: list[int], N: int, gen: tor
     _poisoned_alloc((S, N), device)
     out = ops.ragged_logits(q, k, sc, w, ks_t, ke_t, clean_logits)
     ref = R.ragged_logits(q, k, sc, w, ks_t, ke_t, True, spec, compute_dtype=torch.float64)
+    mag = R.ragged_logits(q, k, sc, w, ks_t, ke_t, True, spec, compute_dtype=torch.float64,
+                          magnitude=True)
     valid = torch.isfinite(ref)
     row = Row("ragged_logits", "", f"S={S} N={N} {label}".strip() + ("" if clean_logits else " unclean"))
     o = out.double()
@@ -184,13 +199,16 @@ def check_ragged(ops, spec: Spec, ks: list[int], ke: list[int], N: int, gen: tor
     if d.numel():
         den = float(torch.linalg.vector_norm(r))
         row.rel_l2 = float(torch.linalg.vector_norm(d - r)) / (den if den > 0 else 1.0)
+        mden = float(torch.linalg.vector_norm(mag[valid]))
+        row.cond_err = float(torch.linalg.vector_norm(d - r)) / (mden if mden > 0 else 1.0)
         row.calc_diff = R.calc_diff(d, r)
-    if math.isnan(row.rel_l2):
-        row.rel_l2 = float("inf")
+    if math.isnan(row.rel_l2) or math.isnan(row.cond_err):
+        row.rel_l2 = row.cond_err = float("inf")
     for _ in range(reruns - 1):
         if not torch.equal(ops.ragged_logits(q, k, sc, w, ks_t, ke_t, clean_logits), out):
             row.deterministic = False
-    row.passed = (row.masks_equal and row.all_written and row.rel_l2 < REL_L2_TOL
+    row.passed = (row.masks_equal and row.all_written
+                  and (row.rel_l2 < REL_L2_TOL or row.cond_err < COND_TOL)
                   and row.deterministic)
     return row
 

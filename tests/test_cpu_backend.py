@@ -11,7 +11,7 @@ import torch
 
 import dsagen
 from dsagen import reference as R
-from dsagen.verify import check_logits, check_store, make_cache, random_keys, random_q, verify
+from dsagen.verify import COND_TOL, check_logits, check_store, make_cache, random_keys, random_q, verify
 
 from conftest import REPO
 
@@ -113,7 +113,12 @@ def test_logits_masks_poison_and_accuracy(dsagen_spec, dsagen_ops, gen, repro):
         assert not out.isnan().any(), repro
         valid = R.valid_mask(cl, next_n, max_len)
         assert torch.equal(torch.isneginf(out), ~valid), f"masks differ (next_n={next_n}) {repro}"
-        assert rel_err(out[valid], ref[valid]) < 1e-4, repro
+        mag = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64,
+                             magnitude=True)
+        # the verifier's bar: 1e-4 relative, or 2e-6 of the absolute-value sums where the few
+        # logits of a small page size nearly cancel (see dsagen/verify.py)
+        err = float(torch.linalg.vector_norm(out[valid].double() - ref[valid]))
+        assert (err < 1e-4 * float(ref[valid].norm()) or err < COND_TOL * float(mag[valid].norm())), repro
         unclean = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits=False)
         assert not unclean[valid].isnan().any()
         assert rel_err(unclean[valid], out[valid]) < 1e-6, repro

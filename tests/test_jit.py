@@ -135,7 +135,7 @@ def test_eight_processes_one_build(built_cache):
     assert builds == 1, [e for _, _, e in outs]
     libs = {out.split()[-1] for _, out, _ in outs}
     assert len(libs) == 1
-    ents = [d for d in built_cache.iterdir() if d.is_dir() and d.name not in ("locks", codegen.JINJA_CACHE)]
+    ents = [d for d in built_cache.iterdir() if d.is_dir() and d.name not in ("locks", codegen.JINJA_CACHE, codegen.RENDER_MEMO)]
     assert len(ents) == 1 and jit.check_entry(ents[0]) is None
 
 
@@ -165,7 +165,7 @@ def test_sigkill_during_build_leaves_nothing_blocking(tmp_path):
 def test_corrupted_artifact_is_rebuilt(built_cache, tmp_path):
     cache = tmp_path / "cache"
     shutil.copytree(built_cache, cache)
-    (entry,) = [d for d in cache.iterdir() if d.is_dir() and d.name not in ("locks", codegen.JINJA_CACHE)]
+    (entry,) = [d for d in cache.iterdir() if d.is_dir() and d.name not in ("locks", codegen.JINJA_CACHE, codegen.RENDER_MEMO)]
     lib = next(entry.glob("*.so"))
     with open(lib, "ab") as f:
         f.write(b"\0garbage")
@@ -238,7 +238,7 @@ def test_precompile_and_cache_commands(built_cache, tmp_path, nvcc):
     assert r.returncode == 0 and r.stdout.count(" ok") == 1, r.stdout
     r = _cli("cache", "ls", cache=out)
     assert "t_jit_tiny" in r.stdout and "cpu" in r.stdout
-    (entry,) = [d for d in out.iterdir() if d.is_dir() and d.name not in ("locks", codegen.JINJA_CACHE)]
+    (entry,) = [d for d in out.iterdir() if d.is_dir() and d.name not in ("locks", codegen.JINJA_CACHE, codegen.RENDER_MEMO)]
     lib = next(entry.glob("*.so"))
     lib.write_bytes(lib.read_bytes()[:-10])
     r = _cli("cache", "verify", cache=out)

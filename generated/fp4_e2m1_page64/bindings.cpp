@@ -90,9 +90,11 @@ static void check_ragged(const at::Tensor& q, const at::Tensor& k, const c10::op
               (k.scalar_type() == at::kByte),
               "fp4_e2m1_page64.ragged_logits: k must be uint8 [N, ", kKeyBytes, "], got ",
               k.scalar_type(), " ", k.sizes());
-  TORCH_CHECK(k_scale.has_value() && k_scale->scalar_type() == at::kFloat && k_scale->size(0) == k.size(0) &&
-              k_scale->numel() == k.size(0) * kScalesPerToken,
-              "fp4_e2m1_page64.ragged_logits: k_scale must be fp32 [N] or [N, ", kScalesPerToken, "]");
+  TORCH_CHECK(k_scale.has_value() && k_scale->scalar_type() == at::kFloat &&
+              ((k_scale->dim() == 1 && kScalesPerToken == 1) ||
+               (k_scale->dim() == 2 && k_scale->size(1) == kScalesPerToken)) &&
+              k_scale->size(0) == k.size(0),
+              "fp4_e2m1_page64.ragged_logits: k_scale must be fp32 [N, ", kScalesPerToken, "]");
   TORCH_CHECK(k_scale->device() == q.device(), "fp4_e2m1_page64.ragged_logits: k_scale on another device");
   TORCH_CHECK(weights.scalar_type() == at::kFloat && weights.dim() == 2 && weights.size(0) == S &&
               weights.size(1) == kNumHeads, "fp4_e2m1_page64.ragged_logits: weights must be fp32 [S, ", kNumHeads, "]");
@@ -146,6 +148,7 @@ static at::Tensor ragged_logits_cuda_op(const at::Tensor& q_in, const at::Tensor
   check_ragged(q_in, k_in, k_scale_in, weights_in, ks_in, ke_in);
   const c10::cuda::CUDAGuard guard(q_in.device());
   at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), w = weights_in.contiguous();
+  if (reinterpret_cast<uintptr_t>(k.data_ptr()) % 4 != 0) k = k.clone();  // the kernel reads 2-byte keys
   at::Tensor ks = ks_in.contiguous(), ke = ke_in.contiguous();
   at::Tensor sc;
   if (k_scale_in.has_value()) sc = k_scale_in->contiguous();
@@ -177,9 +180,6 @@ static at::Tensor paged_logits_cuda_op(const at::Tensor& q_in, const at::Tensor&
   const c10::cuda::CUDAGuard guard(kv_cache.device());
   at::Tensor q = q_in.contiguous(), weights = weights_in.contiguous(), cl = context_lens_in.contiguous();
   const int64_t B = q.size(0), next_n = q.size(1);
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &kv_cache, &weights})  // cp.async: 16-byte chunks
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
-                "fp4_e2m1_page64.paged_logits: q, kv_cache and weights must be 16-byte aligned");
   at::Tensor out = at::empty({B * next_n, max_context_len}, q.options().dtype(at::kFloat));
   if (B == 0 || max_context_len == 0) return out;
   const cudaError_t err = launch_paged_logits(int(next_n), q.data_ptr(), kv_cache.data_ptr<uint8_t>(), weights.data_ptr<float>(),
