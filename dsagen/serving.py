@@ -19,7 +19,10 @@ class IndexerKCache:
 
     Args:
         spec: the layout (a :class:`dsagen.Spec` or a YAML path).
-        num_layers, num_pages: pool size; ``nbytes = num_layers * num_pages * spec.page_bytes``.
+        num_layers, num_pages: pool size. Each layer starts on a 256-byte boundary (the sm_90a
+            kernel's 16-byte cp.async loads need it; an unaligned layer would take the slow
+            portable kernel), so ``nbytes = num_layers * layer_stride`` with ``layer_stride =
+            num_pages * spec.page_bytes`` rounded up to a multiple of 256.
         device: where the pool lives; the generated ops are built for it on first use.
         ops: already loaded ops (default: ``dsagen.load(spec)``).
     """
@@ -32,8 +35,8 @@ class IndexerKCache:
             raise ValueError("num_layers and num_pages must be >= 1")
         self.num_layers, self.num_pages = num_layers, num_pages
         self.ops = ops if ops is not None else load(self.spec)
-        self.pool = torch.zeros(num_layers, num_pages, self.spec.page_bytes, dtype=torch.uint8,
-                                device=device)
+        self.layer_stride = -(-num_pages * self.spec.page_bytes // 256) * 256
+        self.pool = torch.zeros(num_layers * self.layer_stride, dtype=torch.uint8, device=device)
 
     @property
     def nbytes(self) -> int:
@@ -47,7 +50,9 @@ class IndexerKCache:
         """uint8 ``[num_pages, page_bytes]`` view of one layer (contiguous, its own offset)."""
         if not 0 <= layer < self.num_layers:
             raise IndexError(f"layer {layer} not in [0, {self.num_layers})")
-        return self.pool[layer]
+        start = layer * self.layer_stride
+        return self.pool[start:start + self.num_pages * self.spec.page_bytes].view(
+            self.num_pages, self.spec.page_bytes)
 
     def store(self, layer: int, k: torch.Tensor, loc: torch.Tensor) -> None:
         """Quantize ``k [N, head_dim]`` into slots ``loc [N]`` (int64) of ``layer``."""

@@ -14,7 +14,9 @@ def test_three_layer_pool_each_layer_reads_its_own_scales(dsagen_spec, dsagen_op
     lens = [700, 530]                       # longer than index_topk 512
     pages = [-(-n // ps) for n in lens]
     pool = IndexerKCache(spec, num_layers=3, num_pages=sum(pages) + 2, ops=dsagen_ops)
-    assert pool.nbytes == 3 * (sum(pages) + 2) * spec.page_bytes
+    assert pool.nbytes == 3 * pool.layer_stride >= 3 * (sum(pages) + 2) * spec.page_bytes
+    assert pool.layer_stride % 256 == 0 and pool.layer_stride - (sum(pages) + 2) * spec.page_bytes < 256
+    assert all(pool.layer(i).data_ptr() % 16 == 0 and pool.layer(i).is_contiguous() for i in range(3))
     assert pool.bytes_per_token == spec.bytes_per_token
     perm = torch.randperm(sum(pages) + 2, generator=gen)[:sum(pages)].to(torch.int32)
     bt = torch.zeros(2, max(pages), dtype=torch.int32)
