@@ -751,10 +751,7 @@ class Bench:
             raise ValueError(f"ragged_logits: S={S} queries exceed N={N} keys")
         gen = _gen(self.device, self.seed * 1000 + 5)
         H, D = spec.num_heads, spec.head_dim
-        kq, sc = R.quantize(random_keys_on(N, D, gen, self.device), spec)
-        k = R._key_bytes(kq, spec) if spec.key_dtype == "e2m1" else kq
-        if sc is not None and spec.scales_per_token == 1:
-            sc = sc[:, 0].contiguous()
+        k, sc = R.key_storage(*R.quantize(random_keys_on(N, D, gen, self.device), spec), spec)
         q = (torch.randn(S, H, D, generator=gen, device=self.device) * 4).to(spec.query.torch_dtype)
         w = torch.randn(S, H, generator=gen, device=self.device)
         ks = torch.zeros(S, dtype=torch.int32, device=self.device)

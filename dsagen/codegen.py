@@ -132,7 +132,7 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "spec": spec,
         "ns": ns,
         "lay": spec.layout,
-        "q_scalar": {"e4m3": "kFloat8_e4m3fn", "bf16": "kBFloat16", "fp16": "kHalf"}[spec.query.name],
+        "q_scalar": spec.query.aten,
         "q_dtype_name": f"torch.{spec.query.torch_name}",
         "store_vec": math.gcd(lane_bytes, spec.key_align),
         "wgmma": uses_wgmma(spec) and tune["kernel"] == "wgmma",

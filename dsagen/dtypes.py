@@ -17,6 +17,7 @@ class DType:
     cuda: str            # CUDA storage type in the generated kernels
     max_value: float     # largest finite magnitude (quantization target), 0 when not quantized
     short: str
+    aten: str            # at::ScalarType of a tensor holding these values (e2m1: packed bytes)
 
     @property
     def torch_dtype(self):
@@ -25,13 +26,13 @@ class DType:
 
 
 KEY_DTYPES: dict[str, DType] = {
-    "e4m3": DType("e4m3", 8, "float8_e4m3fn", "c10::Float8_e4m3fn", "__nv_fp8_e4m3", 448.0, "fp8"),
-    "bf16": DType("bf16", 16, "bfloat16", "c10::BFloat16", "__nv_bfloat16", 0.0, "bf16"),
-    "fp16": DType("fp16", 16, "float16", "c10::Half", "__half", 0.0, "fp16"),
+    "e4m3": DType("e4m3", 8, "float8_e4m3fn", "c10::Float8_e4m3fn", "__nv_fp8_e4m3", 448.0, "fp8", "kFloat8_e4m3fn"),
+    "bf16": DType("bf16", 16, "bfloat16", "c10::BFloat16", "__nv_bfloat16", 0.0, "bf16", "kBFloat16"),
+    "fp16": DType("fp16", 16, "float16", "c10::Half", "__half", 0.0, "fp16", "kHalf"),
     # OCP FP4 (E2M1): values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, two per byte
     # (element 2i in the low nibble, 2i+1 in the high nibble). No torch arithmetic dtype exists:
     # the reference decodes the nibbles itself and q stays bf16.
-    "e2m1": DType("e2m1", 4, "uint8", "uint8_t", "uint8_t", 6.0, "fp4"),
+    "e2m1": DType("e2m1", 4, "uint8", "uint8_t", "uint8_t", 6.0, "fp4", "kByte"),
 }
 
 # values of the 8 non-negative E2M1 codes (code | 8 is the negative)

@@ -13,7 +13,7 @@ from .spec import Spec
 
 __all__ = [
     "new_cache", "quantize", "store", "read_tokens", "dequantize", "paged_logits",
-    "decode_keys", "ragged_logits",
+    "read_key_bytes", "key_storage", "decode_keys", "ragged_logits",
     "valid_mask", "fallback_paged_logits", "calc_diff",
 ]
 
@@ -46,6 +46,11 @@ def _e2m1_values(code: torch.Tensor) -> torch.Tensor:
     table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=code.device)
     v = table[(code & 7).long()]
     return torch.where((code & 8) != 0, -v, v)
+
+
+def _e2m1_unpack(raw: torch.Tensor) -> torch.Tensor:
+    """float32 ``[n, 2*bytes]`` values of packed uint8 ``[n, bytes]`` (low nibble first)."""
+    return torch.stack((_e2m1_values(raw & 15), _e2m1_values(raw >> 4)), -1).reshape(raw.shape[0], -1)
 
 
 def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -128,17 +133,30 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
         flat[idx.reshape(-1)] = _scale_bytes(scale, spec).reshape(-1).to(flat.device)
 
 
+def read_key_bytes(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec) -> torch.Tensor:
+    """Stored key bytes of some slots: uint8 ``[n, key_bytes_per_token]``."""
+    flat = kv_cache.reshape(-1)
+    key_off, _ = _offsets(spec, slots.to(flat.device))
+    return flat[key_off[:, None] + torch.arange(spec.key_bytes_per_token, device=flat.device)]
+
+
+def key_storage(kq: torch.Tensor, scale: torch.Tensor | None, spec: Spec):
+    """Quantized keys (:func:`quantize`) in the form ``ragged_logits`` takes: ``(k, k_scale)``,
+    ``k`` in the key dtype (e2m1: packed uint8 ``[N, head_dim/2]``), ``k_scale`` fp32 ``[N]``
+    with one scale per token (DeepGEMM's form), ``[N, scales_per_token]`` otherwise, or None."""
+    k = _key_bytes(kq, spec) if spec.key.name == "e2m1" else kq
+    if scale is not None and spec.scales_per_token == 1:
+        scale = scale[:, 0].contiguous()
+    return k, scale
+
+
 def read_tokens(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec):
     """Raw stored values of some slots: ``(k_q [n, head_dim]``, ``scale [n, scales_per_token]``
     float32 or None). ``k_q`` is in the key dtype (e2m1: float32 grid values, exact)."""
     flat = kv_cache.reshape(-1)
-    key_off, scale_off = _offsets(spec, slots.to(flat.device))
-    kb = spec.key_bytes_per_token
-    raw = flat[key_off[:, None] + torch.arange(kb, device=flat.device)]
-    if spec.key.name == "e2m1":
-        kq = torch.stack((_e2m1_values(raw & 15), _e2m1_values(raw >> 4)), -1).reshape(raw.shape[0], -1)
-    else:
-        kq = raw.view(spec.key.torch_dtype)
+    _, scale_off = _offsets(spec, slots.to(flat.device))
+    raw = read_key_bytes(kv_cache, slots, spec)
+    kq = _e2m1_unpack(raw) if spec.key.name == "e2m1" else raw.view(spec.key.torch_dtype)
     if not spec.quantized:
         return kq, None
     sb = spec.scale_bytes_per_token
@@ -258,7 +276,7 @@ def decode_keys(k: torch.Tensor, spec: Spec) -> torch.Tensor:
         if k.dtype != torch.uint8 or k.dim() != 2 or k.shape[1] != spec.key_bytes_per_token:
             raise ValueError(f"e2m1 keys must be uint8 [N, {spec.key_bytes_per_token}], got "
                              f"{k.dtype} {list(k.shape)}")
-        return torch.stack((_e2m1_values(k & 15), _e2m1_values(k >> 4)), -1).reshape(k.shape[0], -1)
+        return _e2m1_unpack(k)
     if k.dtype == torch.uint8:
         k = k.contiguous().view(spec.key.torch_dtype)
     if k.dtype != spec.key.torch_dtype or k.dim() != 2 or k.shape[1] != spec.head_dim:

@@ -87,11 +87,8 @@ class IndexerKCache:
         j = torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][b]
         slots = block_table.to(torch.int64)[b, j // ps] * ps + j % ps
         _, scales = R.read_tokens(self.layer(layer), slots, self.spec)
-        flat = self.layer(layer).reshape(-1)
-        key_off = R._offsets(self.spec, slots.to(flat.device))[0]
-        raw = flat[key_off[:, None] + torch.arange(self.spec.key_bytes_per_token, device=flat.device)]
-        k = raw if self.spec.key_dtype == "e2m1" else raw.view(self.spec.key.torch_dtype)
-        return k, scales
+        raw = R.read_key_bytes(self.layer(layer), slots, self.spec)
+        return (raw if self.spec.key_dtype == "e2m1" else raw.view(self.spec.key.torch_dtype)), scales
 
     def ragged_logits(self, q, k, k_scale, weights, ks, ke, clean_logits: bool = True):
         """Prefill logits over keys from :meth:`gather`; see :meth:`dsagen.ops.Ops.ragged_logits`."""

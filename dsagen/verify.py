@@ -117,6 +117,28 @@ def _poisoned_alloc(shape, device):
     del t
 
 
+def _score(row: Row, out: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, clean_logits: bool) -> None:
+    """Fill ``row``'s masks / written / error fields from the kernel's ``out``, the float64
+    ``ref`` (``-inf`` where invalid) and the absolute-value sums ``mag``."""
+    valid = torch.isfinite(ref)
+    o = out.double()
+    if clean_logits:
+        row.masks_equal = bool(torch.equal(torch.isneginf(o), ~valid))
+        row.all_written = not bool(torch.isnan(o).any())
+    else:
+        row.all_written = not bool(torch.isnan(o[valid]).any())
+    d, r = o[valid], ref[valid]
+    if d.numel():
+        err = float(torch.linalg.vector_norm(d - r))
+        den = float(torch.linalg.vector_norm(r))
+        mden = float(torch.linalg.vector_norm(mag[valid]))
+        row.rel_l2 = err / (den if den > 0 else 1.0)
+        row.cond_err = err / (mden if mden > 0 else 1.0)
+        row.calc_diff = R.calc_diff(d, r)
+    if math.isnan(row.rel_l2) or math.isnan(row.cond_err):
+        row.rel_l2 = row.cond_err = float("inf")
+
+
 def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generator, device,
                  ctx_2d: bool = False, clean_logits: bool = True, reruns: int = 1,
                  max_context_len: int | None = None) -> Row:
@@ -134,24 +156,9 @@ def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generato
     ref = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64)
     mag = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64,
                          magnitude=True)
-    valid = torch.isfinite(ref)
     row = Row("paged_logits", "", f"B={B} next_n={next_n} ctx={_ctx_str(context_lens)}"
               + (" 2d" if ctx_2d else "") + ("" if clean_logits else " unclean"))
-    o = out.double()
-    if clean_logits:
-        row.masks_equal = bool(torch.equal(torch.isneginf(o), ~valid))
-        row.all_written = not bool(torch.isnan(o).any())
-    else:
-        row.all_written = not bool(torch.isnan(o[valid]).any())
-    d, r = o[valid], ref[valid]
-    if d.numel():
-        den = float(torch.linalg.vector_norm(r))
-        row.rel_l2 = float(torch.linalg.vector_norm(d - r)) / (den if den > 0 else 1.0)
-        mden = float(torch.linalg.vector_norm(mag[valid]))
-        row.cond_err = float(torch.linalg.vector_norm(d - r)) / (mden if mden > 0 else 1.0)
-        row.calc_diff = R.calc_diff(d, r)
-    if math.isnan(row.rel_l2) or math.isnan(row.cond_err):
-        row.rel_l2 = row.cond_err = float("inf")
+    _score(row, out, ref, mag, clean_logits)
     for _ in range(reruns - 1):
         again = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits)
         if not torch.equal(again, out) and not (clean_logits is False):
@@ -166,10 +173,7 @@ def ragged_inputs(spec: Spec, S: int, N: int, gen: torch.Generator, device):
     """Random prefill inputs: ``(q [S, H, D], k, k_scale, weights [S, H])`` with ``k`` in the
     form :meth:`dsagen.ops.Ops.ragged_logits` takes (key dtype, or packed uint8 for e2m1) and
     ``k_scale`` fp32 ``[N]`` (one scale per token, DeepGEMM's form) / ``[N, scales]`` / None."""
-    kq, sc = R.quantize(random_keys(N, spec.head_dim, gen, "cpu"), spec)
-    k = R._key_bytes(kq, spec) if spec.key_dtype == "e2m1" else kq
-    if sc is not None and spec.scales_per_token == 1:
-        sc = sc[:, 0].contiguous()
+    k, sc = R.key_storage(*R.quantize(random_keys(N, spec.head_dim, gen, "cpu"), spec), spec)
     q = random_q(spec, S, 1, gen, device)[:, 0]
     w = torch.randn(S, spec.num_heads, generator=gen).to(device)
     return q, k.to(device), None if sc is None else sc.to(device), w
@@ -187,23 +191,8 @@ def check_ragged(ops, spec: Spec, ks: list[int], ke: list[int], N: int, gen: tor
     ref = R.ragged_logits(q, k, sc, w, ks_t, ke_t, True, spec, compute_dtype=torch.float64)
     mag = R.ragged_logits(q, k, sc, w, ks_t, ke_t, True, spec, compute_dtype=torch.float64,
                           magnitude=True)
-    valid = torch.isfinite(ref)
     row = Row("ragged_logits", "", f"S={S} N={N} {label}".strip() + ("" if clean_logits else " unclean"))
-    o = out.double()
-    if clean_logits:
-        row.masks_equal = bool(torch.equal(torch.isneginf(o), ~valid))
-        row.all_written = not bool(torch.isnan(o).any())
-    else:
-        row.all_written = not bool(torch.isnan(o[valid]).any())
-    d, r = o[valid], ref[valid]
-    if d.numel():
-        den = float(torch.linalg.vector_norm(r))
-        row.rel_l2 = float(torch.linalg.vector_norm(d - r)) / (den if den > 0 else 1.0)
-        mden = float(torch.linalg.vector_norm(mag[valid]))
-        row.cond_err = float(torch.linalg.vector_norm(d - r)) / (mden if mden > 0 else 1.0)
-        row.calc_diff = R.calc_diff(d, r)
-    if math.isnan(row.rel_l2) or math.isnan(row.cond_err):
-        row.rel_l2 = row.cond_err = float("inf")
+    _score(row, out, ref, mag, clean_logits)
     for _ in range(reruns - 1):
         if not torch.equal(ops.ragged_logits(q, k, sc, w, ks_t, ke_t, clean_logits), out):
             row.deterministic = False

@@ -87,7 +87,7 @@ static void check_ragged(const at::Tensor& q, const at::Tensor& k, const c10::op
   TORCH_CHECK(q.scalar_type() == at::kBFloat16, "fp4_e2m1_page64.ragged_logits: q must be torch.bfloat16, got ", q.scalar_type());
   const int64_t S = q.size(0);
   TORCH_CHECK(k.dim() == 2 && k.size(1) * int64_t(k.element_size()) == kKeyBytes &&
-              (k.scalar_type() == at::kByte),
+              (k.scalar_type() == at::kByte || k.scalar_type() == at::kByte),
               "fp4_e2m1_page64.ragged_logits: k must be uint8 [N, ", kKeyBytes, "], got ",
               k.scalar_type(), " ", k.sizes());
   TORCH_CHECK(k_scale.has_value() && k_scale->scalar_type() == at::kFloat &&
