@@ -1,7 +1,8 @@
 #!/bin/bash
 # One device call: install, build + verify both shipped specs on the GPU, GPU tests, timing.
 # Usage on the device machine: bash benchmarks/gpu_run.sh [steps...]
-#   steps: compile (SPECS, default all) tests gputests quick bench benchall doctor startup
+#   steps: precompile compile (SPECS, default all) variants tests gputests quick bench benchall
+#          doctor startup
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CXX=/usr/bin/g++ DSAGEN_CACHE_DIR=/tmp/dsagen-cache
@@ -13,12 +14,20 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 steps=${@:-compile quick}
 for s in $steps; do
   case $s in
+    precompile) python3 benchmarks/variants.py /tmp/variants > $OUT/variants.txt
+      t0=$SECONDS; python3 -m dsagen.cli precompile ${SPECS:-specs/*.yaml} --arch sm_90a -j 16 2>&1 | tee $OUT/precompile.log
+      echo "precompile of the shipped specs: wall $((SECONDS-t0)) s" | tee -a $OUT/precompile.log
+      t0=$SECONDS; python3 -m dsagen.cli precompile /tmp/variants/*.yaml --arch sm_90a -j 16 >> $OUT/precompile.log 2>&1
+      echo "precompile of the variants: exit $? wall $((SECONDS-t0)) s" | tee -a $OUT/precompile.log ;;
+    variants) [ -d /tmp/variants ] || python3 benchmarks/variants.py /tmp/variants > $OUT/variants.txt
+      python3 -m dsagen.cli compile /tmp/variants/*.yaml --no-nvcc --json $OUT/variants.json > $OUT/variants.log 2>&1
+      echo "variants exit $?"; grep -E "PASSED|FAILED|FAIL " $OUT/variants.log | tail -60 ;;
     compile) python3 -m dsagen.cli compile ${SPECS:-specs/*.yaml} --json $OUT/compile.json 2>&1 | tee $OUT/compile.log ;;
     doctor) python3 -m dsagen.cli doctor 2>&1 | tee $OUT/doctor.log ;;
-    startup) python3 benchmarks/startup.py ${SPECS:-specs/*.yaml} --runs 5 --json $OUT/startup.json 2>&1 | tee $OUT/startup.log ;;
+    startup) python3 benchmarks/startup.py ${SPECS:-specs/*.yaml} --runs ${STARTUP_RUNS:-5} ${STARTUP_ARGS:-} --json $OUT/startup.json 2>&1 | tee $OUT/startup.log ;;
     benchall) DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json python3 -m dsagen.cli bench ${SPECS:-specs/*.yaml} --json $OUT/h200.json 2>&1 | tee $OUT/bench.log ;;
     tests) python3 -m pytest -q tests 2>&1 | tee $OUT/tests.log ;;
-    gputests) python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | tee $OUT/tests_gpu.log ;;
+    gputests) python3 -m pytest -q -rs -m gpu tests/ 2>&1 | tee $OUT/tests_gpu.log ;;
     quick) python3 benchmarks/quick_time.py specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml 2>&1 | tee $OUT/quick.log ;;
     bench) DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json python3 -m dsagen.cli bench specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml --json $OUT/h200.json 2>&1 | tee $OUT/bench.log ;;
   esac

@@ -29,6 +29,29 @@ from .spec import Spec
 
 REL_L2_TOL = 1e-4
 COND_TOL = 2e-6    # |out - ref| / |sums of absolute values|; see the module docstring
+# Hopper's fp8 tensor-core (WGMMA e4m3) accumulator is not full fp32: with each 32-wide K step
+# summed in fp32 (the default "promote" tuning) the H200 measured relative L2 errors of
+# 4.0e-5..5.4e-5 on multi-logit cases and 1.46e-4 on one single-logit case; DeepGEMM's own
+# kernel measured 1.3e-4 on the same machine, and DeepGEMM's bar (calc_diff < 5e-6 against a
+# reference quantized the same way, DESIGN.md section 2) allows a relative L2 error of ~3e-3.
+# The fp8 tensor-core path is held to 5x the project's bars, 6x stricter than DeepGEMM's.
+FP8_MMA_REL_L2_TOL = 5e-4
+FP8_MMA_COND_TOL = 1e-5
+
+
+def logits_tolerance(spec: Spec, device) -> tuple[float, float]:
+    """``(relative L2, condition-scaled)`` bars of :func:`check_logits` for ``spec`` on ``device``.
+
+    The fp8 tensor-core paged kernel (e4m3 keys on an sm_90 device, the WGMMA layouts of
+    :func:`dsagen.codegen.uses_wgmma`) gets ``FP8_MMA_*``; every other kernel the exact-fp32
+    bars ``REL_L2_TOL`` / ``COND_TOL``.
+    """
+    from .codegen import uses_wgmma
+    dev = torch.device(device)
+    if (dev.type == "cuda" and spec.key_dtype == "e4m3" and uses_wgmma(spec)
+            and torch.cuda.get_device_capability(dev)[0] == 9):
+        return FP8_MMA_REL_L2_TOL, FP8_MMA_COND_TOL
+    return REL_L2_TOL, COND_TOL
 
 
 @dataclass
@@ -163,8 +186,9 @@ def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generato
         again = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits)
         if not torch.equal(again, out) and not (clean_logits is False):
             row.deterministic = False
+    rel_tol, cond_tol = logits_tolerance(spec, device)
     row.passed = (row.masks_equal and row.all_written
-                  and (row.rel_l2 < REL_L2_TOL or row.cond_err < COND_TOL)
+                  and (row.rel_l2 < rel_tol or row.cond_err < cond_tol)
                   and row.deterministic)
     return row
 

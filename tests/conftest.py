@@ -45,6 +45,18 @@ def repro(seed) -> str:
     return f"(random inputs: rerun with DSAGEN_TEST_SEED={_SEED}; test seed {seed})"
 
 
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request, dsagen_spec) -> str:
+    """"cpu", then "cuda" (skipped without a device that one of the spec's targets matches)."""
+    if request.param == "cuda":
+        from dsagen.ops import cuda_archs
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA device")
+        if not cuda_archs(dsagen_spec):
+            pytest.skip(f"the device matches none of the targets {list(dsagen_spec.targets)}")
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def shipped() -> dict[str, Spec]:
     return {name: dsagen.load_spec(p) for name, p in SPECS.items()}

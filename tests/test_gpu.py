@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dsagen import reference as R
-from dsagen.verify import REL_L2_TOL, make_cache, random_keys, random_q, verify
+from dsagen.verify import logits_tolerance, make_cache, random_keys, random_q, verify
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
@@ -80,9 +80,9 @@ def test_bitwise_identical_reruns_and_close_to_cpu(dsagen_spec, cuda_ops, gen, r
         first = first.cpu()
         assert torch.equal(torch.isneginf(first), torch.isneginf(cpu)), repro
         v = torch.isfinite(cpu)
-        # fp8 tensor cores are not fp32-exact (DESIGN.md: DeepGEMM itself measured 1.3e-4);
-        # the project's bar for every kernel is the verification tolerance.
-        assert rel_err(first[v], cpu[v]) < REL_L2_TOL, repro
+        # fp8 tensor cores are not fp32-exact (DeepGEMM itself measured 1.3e-4): the bar is
+        # the verification's for this kernel (dsagen.verify.logits_tolerance)
+        assert rel_err(first[v], cpu[v]) < logits_tolerance(spec, "cuda")[0], repro
 
 
 def test_store_is_deterministic(dsagen_spec, cuda_ops, gen):
