@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call: install, build + verify both shipped specs on the GPU, GPU tests, timing.
 # Usage on the device machine: bash benchmarks/gpu_run.sh [steps...]
-#   steps: precompile compile (SPECS, default all) variants tests gputests quick bench benchall
+#   steps: precompile compile (SPECS, default all; COMPILE_ARGS) variants (VARIANT_SPECS) tests gputests quick bench benchall
 #          doctor startup
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -14,15 +14,15 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 steps=${@:-compile quick}
 for s in $steps; do
   case $s in
-    precompile) python3 benchmarks/variants.py /tmp/variants > $OUT/variants.txt
+    precompile) python3 benchmarks/variants.py /tmp/variants ${VARIANT_SPECS:-} > $OUT/variants.txt
       t0=$SECONDS; python3 -m dsagen.cli precompile ${SPECS:-specs/*.yaml} --arch sm_90a -j 16 2>&1 | tee $OUT/precompile.log
       echo "precompile of the shipped specs: wall $((SECONDS-t0)) s" | tee -a $OUT/precompile.log
       t0=$SECONDS; python3 -m dsagen.cli precompile /tmp/variants/*.yaml --arch sm_90a -j 16 >> $OUT/precompile.log 2>&1
       echo "precompile of the variants: exit $? wall $((SECONDS-t0)) s" | tee -a $OUT/precompile.log ;;
-    variants) [ -d /tmp/variants ] || python3 benchmarks/variants.py /tmp/variants > $OUT/variants.txt
+    variants) [ -d /tmp/variants ] || python3 benchmarks/variants.py /tmp/variants ${VARIANT_SPECS:-} > $OUT/variants.txt
       python3 -m dsagen.cli compile /tmp/variants/*.yaml --no-nvcc --json $OUT/variants.json > $OUT/variants.log 2>&1
       echo "variants exit $?"; grep -E "PASSED|FAILED|FAIL " $OUT/variants.log | tail -60 ;;
-    compile) python3 -m dsagen.cli compile ${SPECS:-specs/*.yaml} --json $OUT/compile.json 2>&1 | tee $OUT/compile.log ;;
+    compile) python3 -m dsagen.cli compile ${SPECS:-specs/*.yaml} ${COMPILE_ARGS:-} --json $OUT/compile.json 2>&1 | tee $OUT/compile.log ;;
     doctor) python3 -m dsagen.cli doctor 2>&1 | tee $OUT/doctor.log ;;
     startup) python3 benchmarks/startup.py ${SPECS:-specs/*.yaml} --runs ${STARTUP_RUNS:-5} ${STARTUP_ARGS:-} --json $OUT/startup.json 2>&1 | tee $OUT/startup.log ;;
     benchall) DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json python3 -m dsagen.cli bench ${SPECS:-specs/*.yaml} --json $OUT/h200.json 2>&1 | tee $OUT/bench.log ;;

@@ -5,7 +5,7 @@ head_dim and heads with next_n 3 and 4. Scale blocks larger than the head_dim sh
 padding (``page_stride_bytes``) is dropped. ``dsagen compile DIR/*.yaml`` then verifies them
 (on the H200 in ``benchmarks/gpu_run.sh variants``).
 
-Usage: python benchmarks/variants.py OUT_DIR
+Usage: python benchmarks/variants.py OUT_DIR [SPEC.yaml ...]   (default: every shipped spec)
 """
 from __future__ import annotations
 
@@ -33,14 +33,14 @@ def variants(spec: Spec) -> list[Spec]:
     return out
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, specs: list[str]) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for p in shipped_spec_paths():
+    for p in specs or shipped_spec_paths():
         for v in variants(load_spec(p)):
             (out / f"{v.name}.yaml").write_text(yaml.safe_dump(v.to_dict(), sort_keys=False))
             print(f"{v.name}: {v.bytes_per_token} B/token, next_n {list(v.next_n)}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "variants")
+    main(sys.argv[1] if len(sys.argv) > 1 else "variants", sys.argv[2:])

@@ -85,7 +85,7 @@ def uses_wgmma(spec: Spec) -> bool:
     return (spec.key_dtype in ("e4m3", "bf16", "fp16")
             and spec.scale_dtype in ("fp32", "none") and spec.scales_per_token <= 1
             and spec.key_bytes_per_token % 128 == 0
-            and spec.key_align == 16)
+            and spec.key_align >= 4)
 
 
 def default_tuning(spec: Spec) -> dict[str, Any]:

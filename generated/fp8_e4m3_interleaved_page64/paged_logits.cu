@@ -16,6 +16,9 @@
 #include <cuda_fp8.h>
 #include <cstdint>
 #include <cstdio>
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90_gmma_ext.hpp>
 
 #include "layout.h"
 
@@ -186,6 +189,323 @@ ragged_logits_simt(const QT* __restrict__ q, const uint8_t* __restrict__ k, cons
   }
 }
 
+// ------------------------------------------------------------------------------------------
+// sm_90a kernel
+// ------------------------------------------------------------------------------------------
+constexpr int kStages = 4;
+constexpr int kTileBytes = kTile * kRowBytes;
+constexpr int kKStep = 32;               // bytes of K per WGMMA instruction
+constexpr int kKSteps = kRowBytes / kKStep;
+// bytes per cp.async of a key row: 16 when every row is 16-byte aligned; token-interleaved
+// layouts (e.g. 132-byte rows: key bytes then the scale) copy 4- or 8-byte pieces
+constexpr int kCopy = kKeyAlign >= 16 ? 16 : kKeyAlign;
+static_assert(kCopy >= 4 && kTileBytes % (kCopy * 128) == 0, "key rows must be 4-byte aligned");
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait_dyn(int pending) {
+  // wait until at most `pending` groups are outstanding
+  if (pending <= 0) cp_async_wait<0>();
+  else if (pending == 1) cp_async_wait<1>();
+  else if (pending == 2) cp_async_wait<2>();
+  else if (pending == 3) cp_async_wait<3>();
+  else cp_async_wait<3>();
+}
+
+// Byte offset of (row, 16-byte chunk) inside a K-major tile of `rows` rows, 128B-swizzled in
+// atoms of 8 rows x 128 bytes (the layout WGMMA's SWIZZLE_128B descriptors expect).
+__device__ __forceinline__ uint32_t swz(int rows, int row, int chunk) {
+  const int atom = chunk >> 3, c = chunk & 7;
+  return uint32_t(atom * rows * 128 + row * 128 + ((c ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = uint16_t(addr >> 4);
+  d.bitfield.leading_byte_offset_ = 1;                  // unused for swizzled K-major
+  d.bitfield.stride_byte_offset_ = 1024 >> 4;           // 8 rows x 128 B
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = uint8_t(cute::SM90::GMMA::LayoutType::B128);
+  return d.desc_;
+}
+
+// One WGMMA instruction M=64 keys x N=num_heads x K=32 bytes, from two shared-memory descriptors.
+struct Mma {
+  static constexpr int N = kNumHeads;
+  __device__ __forceinline__ static void fma(uint64_t a, uint64_t b, float* d, bool accumulate) {
+    using Op = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
+    Op::fma(a, b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31],            accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+  }
+};
+
+// Walks the (request, tile) units of the persistent schedule in order.
+template <int NEXT_N>
+struct Cursor {
+  int b, tile, len;
+  __device__ __forceinline__ void advance(const int* context_lens, bool ctx_2d, int batch, int max_len) {
+    if (++tile * kTile >= len) {
+      tile = 0;
+      do {
+        ++b;
+        len = b < batch ? request_len<NEXT_N>(context_lens, ctx_2d, b, max_len) : 1;
+      } while (len == 0);
+    }
+  }
+};
+
+template <int NEXT_N>
+__global__ void __launch_bounds__(128)
+paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv_cache,
+                   const float* __restrict__ weights, const int* __restrict__ context_lens, bool ctx_2d,
+                   const int* __restrict__ block_table, int64_t bt_stride, float* __restrict__ logits,
+                   int64_t max_context_len, int batch, bool clean_logits) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int N = NEXT_N * kNumHeads;
+  constexpr int kQBytes = N * kRowBytes;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // 1024-byte alignment is required by the 128B swizzle.
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sk = smem;                                   // [kStages][kTileBytes]
+  uint8_t* sq = sk + kStages * kTileBytes;              // [2][kQBytes]
+  float* sscale = reinterpret_cast<float*>(sq + 2 * kQBytes);   // [kStages][kTile]
+  float* sw = sscale + kStages * kTile;                 // [2][N]
+  __shared__ int s_sched[3];
+
+  const int tid = threadIdx.x;
+  const int max_len = int(max_context_len);
+
+  // ---- device-side schedule: split sum_b ceil(len_b / 64) tiles evenly over the grid --------
+  // Block-wide inclusive scan of per-request tile counts, 128 requests per chunk. One pass when
+  // batch <= 128 (the common decode case); a second pass finds the start otherwise.
+  __shared__ int s_warp[4];
+  const int64_t grid = gridDim.x;
+  int lo = 0, hi = 0;
+  if (tid == 0) { s_sched[1] = batch; s_sched[2] = 0; }
+  for (int pass = 0; pass < 2; ++pass) {
+    int prefix = 0;
+    for (int base = 0; base < batch; base += 128) {
+      const int b = base + tid;
+      const int t = b < batch ? (request_len<NEXT_N>(context_lens, ctx_2d, b, max_len) + kTile - 1) / kTile : 0;
+      int x = t;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if ((tid & 31) >= o) x += y;
+      }
+      if ((tid & 31) == 31) s_warp[tid >> 5] = x;
+      __syncthreads();
+      int before = 0, chunk_total = 0;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        before += (w < (tid >> 5)) ? s_warp[w] : 0;
+        chunk_total += s_warp[w];
+      }
+      __syncthreads();
+      const int excl = prefix + before + x - t;
+      prefix += chunk_total;
+      if (pass == 0 && base + 128 >= batch) {      // total known: this CTA's share
+        lo = int(int64_t(prefix) * blockIdx.x / grid);
+        hi = int(int64_t(prefix) * (blockIdx.x + 1) / grid);
+      }
+      if ((pass == 1 || batch <= 128) && t > 0 && lo >= excl && lo < excl + t) {
+        s_sched[1] = b;
+        s_sched[2] = lo - excl;
+      }
+      if (pass == 1 && prefix > lo) break;
+    }
+    if (batch <= 128 || lo >= hi) break;
+  }
+  __syncthreads();
+
+  if (lo < hi) {
+    Cursor<NEXT_N> prod{s_sched[1], s_sched[2], 0};
+    prod.len = request_len<NEXT_N>(context_lens, ctx_2d, prod.b, max_len);
+    Cursor<NEXT_N> cons = prod;
+    int issued = lo, consumed = lo;
+    int prod_b = -1, prod_slot = 1;                      // q slot of the last issued request
+    int last_use0 = -1, last_use1 = -1;                  // last unit that reads q slot 0 / 1
+    int cons_b = -1, cons_slot = 1;
+    int bound[NEXT_N];                                   // visible keys of each row (consumer's request)
+    float acc[kNumHeads / 2];
+    const int warp = tid >> 5, lane = tid & 31, quad = lane & 3;
+    // page of the producer's next tile, loaded one tile ahead so its latency is hidden
+    constexpr bool kTileInPage = kPageSize % kTile == 0;
+    int next_page = kTileInPage ? __ldg(block_table + int64_t(prod.b) * bt_stride + prod.tile * kTile / kPageSize) : 0;
+
+    while (consumed < hi) {
+      // ---- producer: keep up to kStages tiles in flight --------------------------------------
+      while (issued < hi && issued - consumed < kStages) {
+        const int b = prod.b;
+        if (b != prod_b) {
+          const int slot = prod_slot ^ 1;
+          if ((slot ? last_use1 : last_use0) >= consumed) break;   // slot still read: consume first
+          const uint8_t* qsrc = q + int64_t(b) * kQBytes;
+          const uint32_t qdst = smem_u32(sq + slot * kQBytes);
+          for (int idx = tid; idx < kQBytes / 16; idx += 128) {
+            const int row = idx / (kRowBytes / 16), chunk = idx % (kRowBytes / 16);
+            cp_async16(qdst + swz(N, row, chunk), qsrc + int64_t(row) * kRowBytes + chunk * 16, true);
+          }
+          for (int idx = tid; idx < N / 4; idx += 128)
+            cp_async16(smem_u32(sw + slot * N + idx * 4), weights + int64_t(b) * N + idx * 4, true);
+          prod_b = b;
+          prod_slot = slot;
+        }
+        if (prod_slot) last_use1 = issued; else last_use0 = issued;
+        const int stage = issued % kStages;
+        const int j0 = prod.tile * kTile;
+        const uint32_t kdst = smem_u32(sk + stage * kTileBytes);
+        const int* bt = block_table + int64_t(b) * bt_stride;
+        const int page = next_page;
+#pragma unroll
+        for (int c = 0; c < kTileBytes / kCopy / 128; ++c) {
+          const int idx = tid + c * 128;
+          const int row = idx / (kRowBytes / kCopy), piece = idx % (kRowBytes / kCopy);
+          const int j = j0 + row;
+          const bool valid = j < prod.len;
+          const int pg = kTileInPage ? page : (valid ? __ldg(bt + j / kPageSize) : 0);
+          const int64_t slot = valid ? int64_t(pg) * kPageSize + j % kPageSize : 0;
+          const uint32_t dst = kdst + swz(kTile, row, piece * kCopy / 16) + piece * kCopy % 16;
+          const uint8_t* src = kv_cache + key_offset(slot) + piece * kCopy;
+          if constexpr (kCopy == 16) cp_async16(dst, src, valid);
+          else if constexpr (kCopy == 8) cp_async8(dst, src, valid);
+          else cp_async4(dst, src, valid);
+        }
+        if (kQuantized && tid < kTile) {
+          const int j = j0 + tid;
+          const bool valid = j < prod.len;
+          const int pg = kTileInPage ? page : (valid ? __ldg(bt + j / kPageSize) : 0);
+          const int64_t slot = valid ? int64_t(pg) * kPageSize + j % kPageSize : 0;
+          cp_async4(smem_u32(sscale + stage * kTile + tid), kv_cache + scale_offset(slot), valid);
+        }
+        cp_async_commit();
+        ++issued;
+        prod.advance(context_lens, ctx_2d, batch, max_len);
+        if (kTileInPage && issued < hi)
+          next_page = __ldg(block_table + int64_t(prod.b) * bt_stride + prod.tile * kTile / kPageSize);
+      }
+
+      // ---- consumer ----------------------------------------------------------------------------
+      cp_async_wait_dyn(issued - consumed - 1);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncthreads();
+
+      const int b = cons.b;
+      if (b != cons_b) {
+        cons_b = b;
+        cons_slot ^= 1;
+#pragma unroll
+        for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
+      }
+      const int stage = consumed % kStages;
+      const uint32_t a_base = smem_u32(sk + stage * kTileBytes);
+      const uint32_t b_base = smem_u32(sq + cons_slot * kQBytes);
+
+      const int r0 = warp * 16 + (lane >> 2);
+      const int j0 = cons.tile * kTile;
+      const float sc0 = kQuantized ? sscale[stage * kTile + r0] : 1.f;
+      const float sc1 = kQuantized ? sscale[stage * kTile + r0 + 8] : 1.f;
+#pragma unroll
+      for (int i = 0; i < NEXT_N; ++i) {
+        // scores of the 64 keys against the num_heads queries of position i
+        const uint32_t bq = b_base + i * kNumHeads * 128;
+        auto desc_a = [&](int k) {
+          const int kb = k * kKStep;
+          return gmma_desc(a_base + (kb / 128) * (kTile * 128) + (kb % 128));
+        };
+        auto desc_b = [&](int k) {
+          const int kb = k * kKStep;
+          return gmma_desc(bq + (kb / 128) * (N * 128) + (kb % 128));
+        };
+        // Hopper's fp8 WGMMA accumulates in reduced precision (~1e-4 relative): each K step's
+        // partial product goes to its own registers and is summed in fp32 on the CUDA cores
+        // ("promotion"), two partial buffers in flight.
+        float p0[kNumHeads / 2], p1[kNumHeads / 2];
+#pragma unroll
+        for (int k = 0; k < kKSteps; ++k) {
+          float* pk = (k & 1) ? p1 : p0;
+#pragma unroll
+          for (int r = 0; r < kNumHeads / 2; ++r) cute::warpgroup_fence_operand(pk[r]);
+          cute::warpgroup_arrive();
+          Mma::fma(desc_a(k), desc_b(k), pk, false);
+          cute::warpgroup_commit_batch();
+          if (k >= 1) {
+            cute::warpgroup_wait<1>();
+            float* prev = (k & 1) ? p0 : p1;
+#pragma unroll
+            for (int r = 0; r < kNumHeads / 2; ++r) {
+              cute::warpgroup_fence_operand(prev[r]);
+              acc[r] = k == 1 ? prev[r] : acc[r] + prev[r];
+            }
+          }
+        }
+        cute::warpgroup_wait<0>();
+        {
+          float* last = ((kKSteps - 1) & 1) ? p1 : p0;
+#pragma unroll
+          for (int r = 0; r < kNumHeads / 2; ++r) {
+            cute::warpgroup_fence_operand(last[r]);
+            acc[r] = kKSteps == 1 ? last[r] : acc[r] + last[r];
+          }
+        }
+        // epilogue: relu * w, sum over heads, * key scale, mask, store.
+        // acc[4j + {0,1}] = (key r0, heads 8j + 2*quad + {0,1}); acc[4j + {2,3}] = (key r0 + 8, same)
+        const float* wq = sw + cons_slot * N + i * kNumHeads + quad * 2;
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < kNumHeads / 8; ++j) {
+          const float2 w = *reinterpret_cast<const float2*>(wq + j * 8);
+          s0 = fmaf(fmaxf(acc[4 * j + 0], 0.f), w.x, s0);
+          s0 = fmaf(fmaxf(acc[4 * j + 1], 0.f), w.y, s0);
+          s1 = fmaf(fmaxf(acc[4 * j + 2], 0.f), w.x, s1);
+          s1 = fmaf(fmaxf(acc[4 * j + 3], 0.f), w.y, s1);
+        }
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+        if (quad == (i & 3)) {
+          float* out = logits + (int64_t(b) * NEXT_N + i) * max_context_len;
+          const int ja = j0 + r0, jb = j0 + r0 + 8;
+          if (ja < max_len) out[ja] = (ja < bound[i] || !clean_logits) ? s0 * sc0 : kNegInf;
+          if (jb < max_len) out[jb] = (jb < bound[i] || !clean_logits) ? s1 * sc1 : kNegInf;
+        }
+      }
+      ++consumed;
+      cons.advance(context_lens, ctx_2d, batch, max_len);
+      __syncthreads();   // the stage may be refilled now
+    }
+  }
+
+  // ---- -inf fill of the columns past each request's last tile ----------------------------------
+  if (clean_logits) {
+    for (int64_t r = blockIdx.x; r < int64_t(batch) * NEXT_N; r += grid) {
+      const int b = int(r / NEXT_N);
+      const int64_t from = int64_t((request_len<NEXT_N>(context_lens, ctx_2d, b, max_len) + kTile - 1) / kTile) * kTile;
+      float* out = logits + r * max_context_len;
+      for (int64_t j = from + tid; j < max_context_len; j += 128) out[j] = kNegInf;
+    }
+  }
+#endif
+}
+
+template <int NEXT_N>
+static int wgmma_smem_bytes() {
+  constexpr int N = NEXT_N * kNumHeads;
+  return 1024 + kStages * kTileBytes + 2 * N * kRowBytes + kStages * kTile * 4 + 2 * N * 4;
+}
 
 // Per-device, per-instantiation launch configuration (the shared-memory opt-in is per device).
 constexpr int kMaxDevices = 64;
@@ -201,6 +521,27 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, const float* w
   int major = 0, sms = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  // cp.async moves 16-byte chunks of q and weights and kCopy-byte pieces of keys: inputs not
+  // aligned to those (e.g. a layer view of a pool whose page bytes are not a multiple of 16)
+  // take the portable kernel
+  const bool aligned = ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(weights)) & 15) == 0 &&
+                       (reinterpret_cast<uintptr_t>(kv_cache) & (kCopy - 1)) == 0;
+  if (major == 9 && aligned && wgmma_smem_bytes<NEXT_N>() <= 227 * 1024) {
+    static int blocks_per_sm[kMaxDevices] = {};
+    const int smem = wgmma_smem_bytes<NEXT_N>();
+    if (blocks_per_sm[dev] == 0) {
+      err = cudaFuncSetAttribute(paged_logits_wgmma<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+      int n = 0;
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, paged_logits_wgmma<NEXT_N>, 128, smem);
+      if (err != cudaSuccess) return err;
+      blocks_per_sm[dev] = n < 1 ? 1 : n;
+    }
+    paged_logits_wgmma<NEXT_N><<<sms * blocks_per_sm[dev], 128, smem, stream>>>(
+        static_cast<const uint8_t*>(q), kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride,
+        logits, max_context_len, batch, clean_logits);
+    return cudaGetLastError();
+  }
   constexpr int N = NEXT_N * kNumHeads;
   const int smem = N * kHeadDim * int(sizeof(QT)) + 32 * (kHeadDim + 1) * 4 + 4 * NEXT_N * 32 * 4;
   static bool configured[kMaxDevices] = {};

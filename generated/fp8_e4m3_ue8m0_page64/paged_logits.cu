@@ -196,6 +196,10 @@ constexpr int kStages = 4;
 constexpr int kTileBytes = kTile * kRowBytes;
 constexpr int kKStep = 32;               // bytes of K per WGMMA instruction
 constexpr int kKSteps = kRowBytes / kKStep;
+// bytes per cp.async of a key row: 16 when every row is 16-byte aligned; token-interleaved
+// layouts (e.g. 132-byte rows: key bytes then the scale) copy 4- or 8-byte pieces
+constexpr int kCopy = kKeyAlign >= 16 ? 16 : kKeyAlign;
+static_assert(kCopy >= 4 && kTileBytes % (kCopy * 128) == 0, "key rows must be 4-byte aligned");
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -205,6 +209,9 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
 }
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -363,14 +370,18 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
         const int* bt = block_table + int64_t(b) * bt_stride;
         const int page = next_page;
 #pragma unroll
-        for (int c = 0; c < kTileBytes / 16 / 128; ++c) {
+        for (int c = 0; c < kTileBytes / kCopy / 128; ++c) {
           const int idx = tid + c * 128;
-          const int row = idx / (kRowBytes / 16), chunk = idx % (kRowBytes / 16);
+          const int row = idx / (kRowBytes / kCopy), piece = idx % (kRowBytes / kCopy);
           const int j = j0 + row;
           const bool valid = j < prod.len;
           const int pg = kTileInPage ? page : (valid ? __ldg(bt + j / kPageSize) : 0);
           const int64_t slot = valid ? int64_t(pg) * kPageSize + j % kPageSize : 0;
-          cp_async16(kdst + swz(kTile, row, chunk), kv_cache + key_offset(slot) + chunk * 16, valid);
+          const uint32_t dst = kdst + swz(kTile, row, piece * kCopy / 16) + piece * kCopy % 16;
+          const uint8_t* src = kv_cache + key_offset(slot) + piece * kCopy;
+          if constexpr (kCopy == 16) cp_async16(dst, src, valid);
+          else if constexpr (kCopy == 8) cp_async8(dst, src, valid);
+          else cp_async4(dst, src, valid);
         }
         if (kQuantized && tid < kTile) {
           const int j = j0 + tid;
@@ -510,11 +521,12 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, const float* w
   int major = 0, sms = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  // cp.async moves 16-byte chunks: inputs that are not 16-byte aligned (e.g. a layer view of a
-  // pool whose page bytes are not a multiple of 16) take the portable kernel
-  const bool aligned16 = ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(kv_cache) |
-                           reinterpret_cast<uintptr_t>(weights)) & 15) == 0;
-  if (major == 9 && aligned16 && wgmma_smem_bytes<NEXT_N>() <= 227 * 1024) {
+  // cp.async moves 16-byte chunks of q and weights and kCopy-byte pieces of keys: inputs not
+  // aligned to those (e.g. a layer view of a pool whose page bytes are not a multiple of 16)
+  // take the portable kernel
+  const bool aligned = ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(weights)) & 15) == 0 &&
+                       (reinterpret_cast<uintptr_t>(kv_cache) & (kCopy - 1)) == 0;
+  if (major == 9 && aligned && wgmma_smem_bytes<NEXT_N>() <= 227 * 1024) {
     static int blocks_per_sm[kMaxDevices] = {};
     const int smem = wgmma_smem_bytes<NEXT_N>();
     if (blocks_per_sm[dev] == 0) {
