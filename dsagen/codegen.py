@@ -88,6 +88,22 @@ def uses_wgmma(spec: Spec) -> bool:
             and spec.key_align >= 4)
 
 
+def wgmma_smem_bytes(spec: Spec, next_n: int, stages: int) -> int:
+    """Dynamic shared memory of the sm_90a kernel (``wgmma_smem_bytes`` in paged_logits.cu):
+    alignment slack, key tiles, two q buffers, tile scales, two weight buffers."""
+    row, n = spec.key_bytes_per_token, next_n * spec.num_heads
+    return 1024 + stages * 64 * row + 2 * n * row + stages * 64 * 4 + 2 * n * 4
+
+
+def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> bool:
+    """Whether paged logits of ``spec`` at ``next_n`` run on the WGMMA kernel on an sm_90 device
+    (with 16-byte aligned q and weights, as every fresh allocation is): the layout allows it, the
+    tuning selects it and its shared memory fits in 227 KiB; otherwise the CUDA-core kernel runs."""
+    tune = {**default_tuning(spec), **(tuning or {})}
+    return (uses_wgmma(spec) and tune["kernel"] == "wgmma"
+            and wgmma_smem_bytes(spec, next_n, int(tune["stages"])) <= 227 * 1024)
+
+
 def default_tuning(spec: Spec) -> dict[str, Any]:
     """Tuning of the sm_90a kernel.
 

@@ -40,6 +40,7 @@ class Ops:
     namespace: str
     library: Path
     has_cuda: bool
+    tuning: dict | None = None     # kernel tuning overrides the ops were built with
 
     @property
     def _ops(self):
@@ -155,6 +156,6 @@ def load(spec: Spec | str | Path, *, with_cuda: bool | None = None,
         if not built.loaded:   # a fresh build is loaded by torch's extension builder already
             torch.ops.load_library(str(built.library))
         _register_fake(ns)
-        ops = Ops(spec, ns, built.library, with_cuda)
+        ops = Ops(spec, ns, built.library, with_cuda, tuning)
         _LOADED[key] = ops
         return ops

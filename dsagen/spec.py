@@ -115,8 +115,9 @@ class Spec:
     def key_align(self) -> int:
         """Largest power of two (<= 16) dividing every key row's byte offset."""
         lay = self.layout
+        token_stride = lay.key_token_stride if lay.page_size > 1 else 0   # one token per page
         g = 16
-        while lay.page_stride % g or lay.key_token_stride % g:
+        while lay.page_stride % g or token_stride % g:
             g //= 2
         return g
 

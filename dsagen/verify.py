@@ -39,16 +39,19 @@ FP8_MMA_REL_L2_TOL = 5e-4
 FP8_MMA_COND_TOL = 1e-5
 
 
-def logits_tolerance(spec: Spec, device) -> tuple[float, float]:
+def logits_tolerance(spec: Spec, device, next_n: int | None = None,
+                     tuning: dict | None = None) -> tuple[float, float]:
     """``(relative L2, condition-scaled)`` bars of :func:`check_logits` for ``spec`` on ``device``.
 
-    The fp8 tensor-core paged kernel (e4m3 keys on an sm_90 device, the WGMMA layouts of
-    :func:`dsagen.codegen.uses_wgmma`) gets ``FP8_MMA_*``; every other kernel the exact-fp32
-    bars ``REL_L2_TOL`` / ``COND_TOL``.
+    The fp8 tensor-core paged kernel (e4m3 keys on an sm_90 device where
+    :func:`dsagen.codegen.wgmma_kernel_applies` for ``next_n``, default the spec's largest, and
+    the ops' ``tuning``) gets ``FP8_MMA_*``; every other kernel (the CUDA-core kernel, CPU) the
+    exact-fp32 bars ``REL_L2_TOL`` / ``COND_TOL``.
     """
-    from .codegen import uses_wgmma
+    from .codegen import wgmma_kernel_applies
     dev = torch.device(device)
-    if (dev.type == "cuda" and spec.key_dtype == "e4m3" and uses_wgmma(spec)
+    if (dev.type == "cuda" and spec.key_dtype == "e4m3"
+            and wgmma_kernel_applies(spec, next_n or max(spec.next_n), tuning)
             and torch.cuda.get_device_capability(dev)[0] == 9):
         return FP8_MMA_REL_L2_TOL, FP8_MMA_COND_TOL
     return REL_L2_TOL, COND_TOL
@@ -186,7 +189,7 @@ def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generato
         again = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits)
         if not torch.equal(again, out) and not (clean_logits is False):
             row.deterministic = False
-    rel_tol, cond_tol = logits_tolerance(spec, device)
+    rel_tol, cond_tol = logits_tolerance(spec, device, next_n, getattr(ops, "tuning", None))
     row.passed = (row.masks_equal and row.all_written
                   and (row.rel_l2 < rel_tol or row.cond_err < cond_tol)
                   and row.deterministic)

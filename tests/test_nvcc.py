@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsagen.codegen import render, uses_wgmma
+from dsagen.codegen import render, uses_wgmma, wgmma_kernel_applies, wgmma_smem_bytes
 from dsagen.jit import nvcc_compile_only
 
 pytestmark = pytest.mark.nvcc
@@ -88,3 +88,14 @@ def test_cuda_bindings_compile(name, nvcc, tmp_path):
            f"-I{tmp_path / 'stubs'}"] + [f"-I{p}" for p in include_paths()] + [str(src / "bindings.cpp")]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-6000:]
+
+
+def test_wgmma_kernel_applies(shipped):
+    """Which paged kernel runs on an sm_90 device (the verification's fp8 bar depends on it)."""
+    fp8 = shipped["fp8_e4m3_page64"]
+    assert wgmma_kernel_applies(fp8, 2) and wgmma_kernel_applies(shipped["fp8_e4m3_page1"], 1)
+    assert not wgmma_kernel_applies(fp8, 2, {"kernel": "simt"})
+    assert not wgmma_kernel_applies(shipped["fp4_e2m1_page64"], 1)
+    big = fp8.with_(head_dim=256, scale_block=256, num_heads=128, next_n=[4])
+    assert wgmma_smem_bytes(big, 4, 4) > 227 * 1024 and not wgmma_kernel_applies(big, 4)
+    assert wgmma_kernel_applies(big, 1)

@@ -215,3 +215,11 @@ def test_fp4_spec_sizes():
     s = dsagen.load_spec(REPO / "specs" / "fp4_e2m1_page64.yaml")
     assert (s.key_bytes_per_token, s.scale_bytes_per_token, s.bytes_per_token, s.page_bytes) == (64, 4, 68, 4352)
     assert s.query.name == "bf16" and s.scales_per_token == 4
+
+
+def test_key_align_of_one_token_pages(shipped):
+    # the 4-byte cp.async path of the sm_90a kernel is taken only where rows are not 16-aligned
+    assert shipped["fp8_e4m3_page1"].key_align == 4                     # 132-byte pages
+    assert shipped["fp8_e4m3_interleaved_page64"].key_align == 4         # 132-byte token stride
+    assert shipped["fp8_e4m3_page1"].with_(page_stride_bytes=144).key_align == 16   # padded
+    assert shipped["fp8_e4m3_page64"].key_align == 16

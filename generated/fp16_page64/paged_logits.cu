@@ -196,9 +196,9 @@ constexpr int kStages = 2;
 constexpr int kTileBytes = kTile * kRowBytes;
 constexpr int kKStep = 32;               // bytes of K per WGMMA instruction
 constexpr int kKSteps = kRowBytes / kKStep;
-// bytes per cp.async of a key row: 16 when every row is 16-byte aligned; token-interleaved
-// layouts (e.g. 132-byte rows: key bytes then the scale) copy 4- or 8-byte pieces
-constexpr int kCopy = kKeyAlign >= 16 ? 16 : kKeyAlign;
+// bytes per cp.async of a key row: 16 when every row is 16-byte aligned, else 4 (token-
+// interleaved 132-byte rows: key bytes then the scale); the two widths that ran on the H200
+constexpr int kCopy = kKeyAlign >= 16 ? 16 : 4;
 static_assert(kCopy >= 4 && kTileBytes % (kCopy * 128) == 0, "key rows must be 4-byte aligned");
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -209,9 +209,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
 }
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -378,7 +375,6 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
           const uint32_t dst = kdst + swz(kTile, row, piece * kCopy / 16) + piece * kCopy % 16;
           const uint8_t* src = kv_cache + key_offset(slot) + piece * kCopy;
           if constexpr (kCopy == 16) cp_async16(dst, src, valid);
-          else if constexpr (kCopy == 8) cp_async8(dst, src, valid);
           else cp_async4(dst, src, valid);
         }
         if (kQuantized && tid < kTile) {
@@ -480,6 +476,7 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
 template <int NEXT_N>
 static int wgmma_smem_bytes() {
   constexpr int N = NEXT_N * kNumHeads;
+  // dsagen.codegen.wgmma_smem_bytes computes the same on the host side
   return 1024 + kStages * kTileBytes + 2 * N * kRowBytes + kStages * kTile * 4 + 2 * N * 4;
 }
 
