@@ -35,9 +35,17 @@ def main():
 @main.command()
 @click.argument("specs", nargs=-1, required=True, type=click.Path())
 def validate(specs):
-    """Check spec files; print bytes/token and page bytes of each."""
-    for s in _specs(specs):
-        click.echo(s.summary())
+    """Check spec files; print bytes/token and page bytes of each (every file is checked; exit
+    status 2 when any is bad, one error line per bad file)."""
+    bad = 0
+    for p in specs:
+        try:
+            click.echo(load_spec(p).summary())
+        except SpecError as e:
+            bad += 1
+            click.echo(f"Error: {e}", err=True)
+    if bad:
+        raise SystemExit(2)
 
 
 @main.command("list")

@@ -223,3 +223,14 @@ def test_key_align_of_one_token_pages(shipped):
     assert shipped["fp8_e4m3_interleaved_page64"].key_align == 4         # 132-byte token stride
     assert shipped["fp8_e4m3_page1"].with_(page_stride_bytes=144).key_align == 16   # padded
     assert shipped["fp8_e4m3_page64"].key_align == 16
+
+
+def test_cli_validate_reports_every_file(tmp_path):
+    bad1, bad2 = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    bad1.write_text(yaml.safe_dump(_set(_base(), "page_size", 48)))
+    bad2.write_text(yaml.safe_dump(_set(_base(), "scale.foo", 1)))
+    p = _dsagen("validate", bad1, "specs/bf16_page64.yaml", bad2)
+    assert p.returncode == 2
+    assert p.stdout.splitlines() == ["bf16_page64: 256 B/token, 16384 B/page"]
+    errs = p.stderr.strip().splitlines()
+    assert [e.split(": ")[1:3] for e in errs] == [[str(bad1), "page_size"], [str(bad2), "scale.foo"]], errs
