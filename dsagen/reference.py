@@ -13,7 +13,7 @@ from .spec import Spec
 
 __all__ = [
     "new_cache", "quantize", "store", "read_tokens", "dequantize", "paged_logits",
-    "read_key_bytes", "key_storage", "decode_keys", "ragged_logits",
+    "read_key_bytes", "read_scales", "key_storage", "decode_keys", "ragged_logits",
     "valid_mask", "fallback_paged_logits", "calc_diff",
 ]
 
@@ -150,22 +150,24 @@ def key_storage(kq: torch.Tensor, scale: torch.Tensor | None, spec: Spec):
     return k, scale
 
 
+def read_scales(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec) -> torch.Tensor | None:
+    """Stored scales of some slots: float32 ``[n, scales_per_token]``, or None (unscaled layout)."""
+    if not spec.quantized:
+        return None
+    flat = kv_cache.reshape(-1)
+    _, scale_off = _offsets(spec, slots.to(flat.device))
+    sraw = flat[scale_off[:, None] + torch.arange(spec.scale_bytes_per_token, device=flat.device)]
+    if spec.scale_dtype == "ue8m0":
+        return torch.ldexp(torch.ones_like(sraw, dtype=torch.float32), sraw.long() - 127)
+    return sraw.view(torch.float32)
+
+
 def read_tokens(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec):
     """Raw stored values of some slots: ``(k_q [n, head_dim]``, ``scale [n, scales_per_token]``
     float32 or None). ``k_q`` is in the key dtype (e2m1: float32 grid values, exact)."""
-    flat = kv_cache.reshape(-1)
-    _, scale_off = _offsets(spec, slots.to(flat.device))
     raw = read_key_bytes(kv_cache, slots, spec)
     kq = _e2m1_unpack(raw) if spec.key.name == "e2m1" else raw.view(spec.key.torch_dtype)
-    if not spec.quantized:
-        return kq, None
-    sb = spec.scale_bytes_per_token
-    sraw = flat[scale_off[:, None] + torch.arange(sb, device=flat.device)]
-    if spec.scale_dtype == "ue8m0":
-        sc = torch.ldexp(torch.ones_like(sraw, dtype=torch.float32), sraw.long() - 127)
-    else:
-        sc = sraw.view(torch.float32)
-    return kq, sc
+    return kq, read_scales(kv_cache, slots, spec)
 
 
 def dequantize(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
@@ -212,6 +214,24 @@ def _check_logits_args(q, kv_cache, weights, context_lens, block_table, max_cont
         raise ValueError("max_context_len exceeds block_table capacity")
 
 
+def _head_sum(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, sc: torch.Tensor | None,
+              spec: Spec, magnitude: bool) -> torch.Tensor:
+    """``scale * sum_h w[r, h] * relu(q[r, h] . k[n])`` as ``[R, N]`` from ``q [R, H, D]``, stored
+    (unscaled) keys ``k [N, D]``, ``w [R, H]`` and scales ``sc [N, scales_per_token]`` or None,
+    all in the compute dtype. Block scales dequantize the key first; one scale per token
+    multiplies the sum (DESIGN.md section 2). ``magnitude``: the same over absolute values."""
+    if sc is not None and spec.scales_per_token > 1:
+        k = (k.view(k.shape[0], spec.scales_per_token, spec.scale_block)
+             * sc[..., None]).view(k.shape[0], spec.head_dim)
+    if magnitude:
+        q, k, w = q.abs(), k.abs(), w.abs()
+    s = torch.relu(torch.einsum("rhd,nd->rhn", q, k))
+    s = (s * w[:, :, None]).sum(1)
+    if sc is not None and spec.scales_per_token == 1:
+        s = s * sc[:, 0][None, :]
+    return s
+
+
 def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                  context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
                  clean_logits: bool, spec: Spec,
@@ -252,18 +272,10 @@ def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
         j = torch.arange(L, device=dev)
         slots = block_table[b].to(dev).long()[j // ps] * ps + j % ps
         kq, sc = read_tokens(kv_cache, slots, spec)
-        k = kq.to(compute_dtype)
-        if sc is not None and spec.scales_per_token > 1:   # block scales: dequantize first
-            k = (k.view(L, spec.scales_per_token, spec.scale_block)
-                 * sc.to(compute_dtype)[..., None]).view(L, spec.head_dim)
-        qb, wb = q[b].to(compute_dtype), weights[b * next_n:(b + 1) * next_n].to(compute_dtype)
-        if magnitude:
-            qb, k, wb = qb.abs(), k.abs(), wb.abs()
-        s = torch.relu(torch.einsum("ihd,jd->ihj", qb, k))
-        s = (s * wb[:, :, None]).sum(1)
-        if sc is not None and spec.scales_per_token == 1:
-            s = s * sc[:, 0].to(compute_dtype)[None, :]
-        out[b * next_n:(b + 1) * next_n, :L] = s
+        out[b * next_n:(b + 1) * next_n, :L] = _head_sum(
+            q[b].to(compute_dtype), kq.to(compute_dtype),
+            weights[b * next_n:(b + 1) * next_n].to(compute_dtype),
+            None if sc is None else sc.to(compute_dtype), spec, magnitude)
     if max_context_len > 0:
         out.masked_fill_(~valid_mask(cl, next_n, max_context_len), float("-inf"))
     return out
@@ -313,24 +325,14 @@ def ragged_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None
         raise ValueError(f"q must be [S, {spec.num_heads}, {spec.head_dim}], got {list(q.shape)}")
     if weights.shape != (S, spec.num_heads) or ks.shape != (S,) or ke.shape != (S,):
         raise ValueError("weights must be [S, num_heads], ks and ke [S]")
-    kf = decode_keys(k, spec).to(compute_dtype)
-    post = None
+    sc = None
     if spec.quantized:
         ok = ((N, spec.scales_per_token),) + (((N,),) if spec.scales_per_token == 1 else ())
         if k_scale is None or tuple(k_scale.shape) not in ok:
             raise ValueError(f"k_scale must be fp32 " + " or ".join(str(list(x)) for x in ok))
         sc = k_scale.reshape(N, spec.scales_per_token).to(compute_dtype)
-        if spec.scales_per_token > 1:
-            kf = (kf.view(N, spec.scales_per_token, spec.scale_block) * sc[..., None]).view(N, -1)
-        else:
-            post = sc[:, 0]
-    qc, wc = q.to(compute_dtype), weights.to(compute_dtype)
-    if magnitude:
-        qc, kf, wc = qc.abs(), kf.abs(), wc.abs()
-    s = torch.relu(torch.einsum("shd,nd->shn", qc, kf))
-    out = (s * wc[:, :, None]).sum(1)
-    if post is not None:
-        out = out * post[None, :]
+    out = _head_sum(q.to(compute_dtype), decode_keys(k, spec).to(compute_dtype),
+                    weights.to(compute_dtype), sc, spec, magnitude)
     n = torch.arange(N, device=q.device)
     valid = (n[None, :] >= ks.to(q.device).long()[:, None]) & (n[None, :] < ke.to(q.device).long()[:, None])
     return out.masked_fill(~valid, float("-inf"))
@@ -347,21 +349,21 @@ def fallback_paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     ``[B*next_n, max_context_len]``.
     """
     B, next_n, H, D = q.shape
-    ps, lay = spec.page_size, spec.layout
+    ps = spec.page_size
     P = (max_context_len + ps - 1) // ps
     pages = kv_cache[block_table[:, :P].long()]                     # [B, P, page_bytes]
     o = torch.arange(ps, device=q.device)
+    key_in_page, scale_in_page = _offsets(spec, o)                  # the slots of page 0
     if spec.key.name == "e2m1" or spec.scale_dtype == "ue8m0":
         # no torch dtype views these bytes: decode through the reference's reader
         slots = (torch.arange(B * P, device=q.device)[:, None] * ps + o).reshape(-1)
         k = dequantize(pages.reshape(B * P, -1), slots, spec).to(torch.bfloat16)
         keys = k.view(B, P, ps, D)
     else:
-        kidx = (o * lay.key_token_stride)[:, None] + torch.arange(spec.key_bytes_per_token, device=q.device)
+        kidx = key_in_page[:, None] + torch.arange(spec.key_bytes_per_token, device=q.device)
         keys = pages[:, :, kidx].view(spec.key.torch_dtype).to(torch.bfloat16)   # [B, P, ps, D]
         if spec.quantized:
-            sidx = ((lay.scale_base + o * lay.scale_token_stride)[:, None]
-                    + torch.arange(spec.scale_bytes_per_token, device=q.device))
+            sidx = scale_in_page[:, None] + torch.arange(spec.scale_bytes_per_token, device=q.device)
             sc = pages[:, :, sidx].view(torch.float32)              # [B, P, ps, scales]
             keys = (keys.view(B, P, ps, spec.scales_per_token, spec.scale_block)
                     * sc[..., None]).view(B, P, ps, D).to(torch.bfloat16)

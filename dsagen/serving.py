@@ -86,9 +86,9 @@ class IndexerKCache:
         b = torch.repeat_interleave(torch.arange(len(lens), device=cu.device), lens)
         j = torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][b]
         slots = block_table.to(torch.int64)[b, j // ps] * ps + j % ps
-        _, scales = R.read_tokens(self.layer(layer), slots, self.spec)
         raw = R.read_key_bytes(self.layer(layer), slots, self.spec)
-        return (raw if self.spec.key_dtype == "e2m1" else raw.view(self.spec.key.torch_dtype)), scales
+        k = raw if self.spec.key_dtype == "e2m1" else raw.view(self.spec.key.torch_dtype)
+        return k, R.read_scales(self.layer(layer), slots, self.spec)
 
     def ragged_logits(self, q, k, k_scale, weights, ks, ke, clean_logits: bool = True):
         """Prefill logits over keys from :meth:`gather`; see :meth:`dsagen.ops.Ops.ragged_logits`."""

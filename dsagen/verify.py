@@ -165,6 +165,15 @@ def _score(row: Row, out: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, cl
         row.rel_l2 = row.cond_err = float("inf")
 
 
+def _verdict(row: Row, rel_tol: float = REL_L2_TOL, cond_tol: float = COND_TOL) -> Row:
+    """Set ``row.passed``: masks equal, every element written, error within either bar, and
+    reruns identical."""
+    row.passed = (row.masks_equal and row.all_written
+                  and (row.rel_l2 < rel_tol or row.cond_err < cond_tol)
+                  and row.deterministic)
+    return row
+
+
 def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generator, device,
                  ctx_2d: bool = False, clean_logits: bool = True, reruns: int = 1,
                  max_context_len: int | None = None) -> Row:
@@ -189,11 +198,7 @@ def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generato
         again = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits)
         if not torch.equal(again, out) and not (clean_logits is False):
             row.deterministic = False
-    rel_tol, cond_tol = logits_tolerance(spec, device, next_n, getattr(ops, "tuning", None))
-    row.passed = (row.masks_equal and row.all_written
-                  and (row.rel_l2 < rel_tol or row.cond_err < cond_tol)
-                  and row.deterministic)
-    return row
+    return _verdict(row, *logits_tolerance(spec, device, next_n, getattr(ops, "tuning", None)))
 
 
 def ragged_inputs(spec: Spec, S: int, N: int, gen: torch.Generator, device):
@@ -223,10 +228,7 @@ def check_ragged(ops, spec: Spec, ks: list[int], ke: list[int], N: int, gen: tor
     for _ in range(reruns - 1):
         if not torch.equal(ops.ragged_logits(q, k, sc, w, ks_t, ke_t, clean_logits), out):
             row.deterministic = False
-    row.passed = (row.masks_equal and row.all_written
-                  and (row.rel_l2 < REL_L2_TOL or row.cond_err < COND_TOL)
-                  and row.deterministic)
-    return row
+    return _verdict(row)
 
 
 def ragged_cases(gen: torch.Generator, quick: bool):
@@ -323,12 +325,13 @@ def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = Fa
         row.shape += " max_len=100"
         row.backend = device
         rep.rows.append(row)
-    for ks, ke, n, label in ragged_cases(gen, quick):
+    prefill = ragged_cases(gen, quick)
+    for ks, ke, n, label in prefill:
         row = check_ragged(ops, spec, ks, ke, n, gen, device, label=label, reruns=reruns)
         row.backend = device
         rep.rows.append(row)
     if not quick:
-        ks, ke, n, label = ragged_cases(gen, quick)[1]
+        ks, ke, n, label = prefill[1]
         row = check_ragged(ops, spec, ks, ke, n, gen, device, clean_logits=False, label=label)
         row.backend = device
         rep.rows.append(row)
