@@ -5,6 +5,13 @@
     cache = ops.new_cache(num_pages=1024, device="cuda")
     ops.store(k, cache, loc)
     logits = ops.paged_logits(q, cache, weights, context_lens, block_table, max_context_len)
+
+A ``scale.placement: separate`` spec keeps the scales in their own tensor::
+
+    scales = ops.new_scales(num_pages=1024, device="cuda")   # uint8 [pages, scale_page_bytes]
+    ops.store(k, cache, loc, scales)
+    logits = ops.paged_logits(q, cache, weights, context_lens, block_table, max_context_len,
+                              kv_scales=scales)
 """
 from .spec import Spec, SpecError, load_spec
 

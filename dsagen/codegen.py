@@ -81,8 +81,9 @@ def namespace(spec: Spec, tuning: dict[str, Any] | None = None) -> str:
 
 
 def uses_wgmma(spec: Spec) -> bool:
-    """Whether the sm_90a tensor-core (WGMMA) paged-logits kernel applies to this layout."""
-    return (spec.key_dtype in ("e4m3", "bf16", "fp16")
+    """Whether the sm_90a tensor-core (WGMMA) paged-logits kernel applies to this layout
+    (not to ``separate`` scales: that kernel reads them from kv_cache; the portable kernel runs)."""
+    return (spec.key_dtype in ("e4m3", "bf16", "fp16") and not spec.separate_scales
             and spec.scale_dtype in ("fp32", "none") and spec.scales_per_token <= 1
             and spec.key_bytes_per_token % 128 == 0
             and spec.key_align >= 4)

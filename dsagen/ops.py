@@ -1,8 +1,23 @@
 """Load a spec's generated ops and expose them as Python callables.
 
 The ops are registered with ``torch.library`` under the namespace ``dsagen_<name>_<digest>``:
-``store`` mutates ``kv_cache`` and returns nothing; ``paged_logits`` has a fake (meta)
-implementation so it traces under ``torch.compile``.
+``store`` mutates ``kv_cache`` (and ``kv_scales``) and returns nothing; ``paged_logits`` has a
+fake (meta) implementation so it traces under ``torch.compile``.
+
+Schemas (the same for every spec)::
+
+    store(Tensor k, Tensor(a!) kv_cache, Tensor loc, Tensor(b!)? kv_scales=None) -> ()
+    paged_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens,
+                 Tensor block_table, int max_context_len, bool clean_logits,
+                 Tensor? kv_scales=None) -> Tensor
+    ragged_logits(Tensor q, Tensor k, Tensor? k_scale, Tensor weights, Tensor ks, Tensor ke,
+                  bool clean_logits) -> Tensor
+
+``kv_scales`` is the scales' own tensor of a ``scale.placement: separate`` spec, contiguous uint8
+``[num_pages, spec.scale_page_bytes]`` with ``kv_cache``'s ``num_pages`` on its device (token ``t``
+of page ``p`` has its scales at ``kv_scales[p, t*scale_bytes_per_token:]``); :meth:`Ops.new_scales`
+allocates it. It is required for separate specs and must be None for the others (scales in
+``kv_cache``); either mistake raises a RuntimeError naming ``kv_scales``.
 """
 from __future__ import annotations
 
@@ -47,21 +62,38 @@ class Ops:
         return getattr(torch.ops, self.namespace)
 
     def new_cache(self, num_pages: int, device="cpu") -> torch.Tensor:
-        """A zeroed ``kv_cache``: uint8 ``[num_pages, spec.page_bytes]`` on ``device``."""
+        """A zeroed ``kv_cache``: uint8 ``[num_pages, spec.page_bytes]`` on ``device`` (for a
+        ``separate`` spec it holds only the keys; allocate the scales with :meth:`new_scales`)."""
         return torch.zeros(num_pages, self.spec.page_bytes, dtype=torch.uint8, device=device)
 
-    def store(self, k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor) -> None:
-        """Quantize ``k`` (bf16/fp16/fp32 ``[N, head_dim]``) into slots ``loc`` (int64 ``[N]``) of
-        ``kv_cache`` in place; matches :func:`dsagen.reference.store` byte for byte.
+    def new_scales(self, num_pages: int, device="cpu") -> torch.Tensor | None:
+        """A zeroed ``kv_scales`` for a ``scale.placement: separate`` spec: uint8
+        ``[num_pages, spec.scale_page_bytes]`` on ``device``; None for the other placements
+        (their scales are in ``kv_cache``), so ``ops.store(k, cache, loc, ops.new_scales(...))``
+        style code works for every spec."""
+        if not self.spec.separate_scales:
+            return None
+        return torch.zeros(num_pages, self.spec.scale_page_bytes, dtype=torch.uint8, device=device)
 
+    def store(self, k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor,
+              kv_scales: torch.Tensor | None = None) -> None:
+        """Quantize ``k`` (bf16/fp16/fp32 ``[N, head_dim]``) into slots ``loc`` (int64 ``[N]``) of
+        ``kv_cache`` (and, for a separate spec, ``kv_scales``) in place; matches
+        :func:`dsagen.reference.store` byte for byte.
+
+        Args:
+            kv_cache: contiguous uint8 ``[num_pages, spec.page_bytes]``.
+            kv_scales: ``separate`` specs: contiguous uint8 ``[num_pages, spec.scale_page_bytes]``
+                (:meth:`new_scales`); None for the other placements.
         Raises:
-            RuntimeError: shapes, dtypes or devices do not match the spec.
+            RuntimeError: shapes, dtypes or devices do not match the spec; ``kv_scales`` missing
+                for a separate spec or given for another.
         """
-        self._ops.store(k, kv_cache, loc)
+        self._ops.store(k, kv_cache, loc, kv_scales)
 
     def paged_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                      context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
-                     clean_logits: bool = True) -> torch.Tensor:
+                     clean_logits: bool = True, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
         """Indexer logits over the paged cache; DeepGEMM ``fp8_paged_mqa_logits`` semantics.
 
         Args:
@@ -73,13 +105,16 @@ class Ops:
             block_table: int32 ``[B, max_pages]``.
             max_context_len: columns of the result.
             clean_logits: write ``-inf`` where a key is not visible.
+            kv_scales: ``separate`` specs: uint8 ``[num_pages, spec.scale_page_bytes]``; None
+                for the other placements.
         Returns:
             fp32 ``[B*next_n, max_context_len]``.
         Raises:
-            RuntimeError: shapes or dtypes do not match the spec, or next_n is not in the spec.
+            RuntimeError: shapes or dtypes do not match the spec, next_n is not in the spec, or
+                ``kv_scales`` is missing for a separate spec or given for another.
         """
         return self._ops.paged_logits(q, kv_cache, weights, context_lens, block_table,
-                                      int(max_context_len), bool(clean_logits))
+                                      int(max_context_len), bool(clean_logits), kv_scales)
 
     def ragged_logits(self, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None,
                       weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor,
@@ -107,7 +142,8 @@ class Ops:
 
 def _register_fake(ns: str) -> None:
     @torch.library.register_fake(f"{ns}::paged_logits")
-    def _fake(q, kv_cache, weights, context_lens, block_table, max_context_len, clean_logits):
+    def _fake(q, kv_cache, weights, context_lens, block_table, max_context_len, clean_logits,
+              kv_scales=None):
         return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
 
     @torch.library.register_fake(f"{ns}::ragged_logits")
@@ -125,7 +161,8 @@ def load(spec: Spec | str | Path, *, with_cuda: bool | None = None,
             matches is present.
         tuning: kernel tuning overrides (see :func:`dsagen.codegen.default_tuning`).
     Returns:
-        :class:`Ops` with ``store``, ``paged_logits``, ``ragged_logits`` and ``new_cache``.
+        :class:`Ops` with ``store``, ``paged_logits``, ``ragged_logits``, ``new_cache`` and
+        ``new_scales``.
     Raises:
         dsagen.SpecError: bad spec file.  dsagen.jit.BuildError: compilation failed or the
         cache is not writable.  dsagen.jit.JitDisabledError: ``DSAGEN_DISABLE_JIT`` is set and

@@ -2,7 +2,14 @@
 
 Semantics are those of DESIGN.md section 2: DeepGEMM's ``fp8_paged_mqa_logits`` for the logits,
 DeepGEMM's tests / sglang's fused store for the quantization. All byte addressing goes through
-:attr:`dsagen.spec.Spec.layout`, the same four integers the generated kernels are rendered from.
+:attr:`dsagen.spec.Spec.layout`, the same integers the generated kernels are rendered from, in
+one function (``_offsets``).
+
+Scales live in ``kv_cache`` (``scale.placement`` ``page_tail`` / ``interleaved``) or, for
+``separate``, in their own tensor ``kv_scales``, uint8 ``[num_pages, spec.scale_page_bytes]``
+(token ``t`` of a page at bytes ``t * scale_bytes_per_token``), passed as ``kv_scales=`` to every
+function that writes or reads scales. ``kv_scales`` is required for a separate spec and refused
+(ValueError) for the others.
 """
 from __future__ import annotations
 
@@ -12,15 +19,41 @@ from .dtypes import E2M1_VALUES
 from .spec import Spec
 
 __all__ = [
-    "new_cache", "quantize", "store", "read_tokens", "dequantize", "paged_logits",
+    "new_cache", "new_scales", "quantize", "store", "read_tokens", "dequantize", "paged_logits",
     "read_key_bytes", "read_scales", "key_storage", "decode_keys", "ragged_logits",
     "valid_mask", "fallback_paged_logits", "calc_diff",
 ]
 
 
 def new_cache(spec: Spec, num_pages: int, device="cpu") -> torch.Tensor:
-    """A zeroed ``kv_cache`` for ``num_pages`` pages: uint8 ``[num_pages, spec.page_bytes]``."""
+    """A zeroed ``kv_cache`` for ``num_pages`` pages: uint8 ``[num_pages, spec.page_bytes]``
+    (keys only for ``separate`` placement: see :func:`new_scales`)."""
     return torch.zeros(num_pages, spec.page_bytes, dtype=torch.uint8, device=device)
+
+
+def new_scales(spec: Spec, num_pages: int, device="cpu") -> torch.Tensor | None:
+    """A zeroed ``kv_scales`` for ``num_pages`` pages of a ``separate`` spec: uint8
+    ``[num_pages, spec.scale_page_bytes]``; None for the other placements (scales in kv_cache)."""
+    if not spec.separate_scales:
+        return None
+    return torch.zeros(num_pages, spec.scale_page_bytes, dtype=torch.uint8, device=device)
+
+
+def _scale_tensor(spec: Spec, kv_cache: torch.Tensor, kv_scales: torch.Tensor | None) -> torch.Tensor:
+    """The tensor that holds the scales: ``kv_scales`` for ``separate`` placement (required),
+    else ``kv_cache`` (``kv_scales`` must be None). Raises ValueError with what to pass."""
+    if spec.separate_scales:
+        if kv_scales is None:
+            raise ValueError(f"{spec.name}: scale.placement is separate: pass kv_scales, uint8 "
+                             f"[num_pages, {spec.scale_page_bytes}]")
+        if kv_scales.dtype != torch.uint8 or kv_scales.dim() != 2 or kv_scales.shape[1] != spec.scale_page_bytes:
+            raise ValueError(f"{spec.name}: kv_scales must be uint8 [num_pages, {spec.scale_page_bytes}], "
+                             f"got {kv_scales.dtype} {list(kv_scales.shape)}")
+        return kv_scales
+    if kv_scales is not None:
+        raise ValueError(f"{spec.name}: kv_scales is only for scale.placement separate; this layout "
+                         f"({spec.scale_placement}) keeps its scales in kv_cache: pass kv_scales=None")
+    return kv_cache
 
 
 def _pow2_ceil(s: torch.Tensor) -> torch.Tensor:
@@ -108,20 +141,25 @@ def _scale_bytes(scale: torch.Tensor, spec: Spec) -> torch.Tensor:
 
 
 def _offsets(spec: Spec, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first key byte in ``kv_cache``, first scale byte in the scale tensor) of each slot."""
     lay = spec.layout
     slots = slots.long()
     page, off = slots // lay.page_size, slots % lay.page_size
     key = page * lay.page_stride + off * lay.key_token_stride
-    scale = page * lay.page_stride + lay.scale_base + off * lay.scale_token_stride
+    scale = page * lay.scale_page_stride + lay.scale_base + off * lay.scale_token_stride
     return key, scale
 
 
-def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec) -> None:
+def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec,
+          kv_scales: torch.Tensor | None = None) -> None:
     """Quantize ``k [N, head_dim]`` and write token ``i`` to slot ``loc[i]`` of ``kv_cache`` in place.
 
     ``loc`` is int64 ``[N]``; slots must be distinct. Only the bytes of those slots change.
+    ``kv_scales``: the scale tensor of a ``separate`` spec (written in place; see the module
+    docstring), None otherwise.
     """
     flat = kv_cache.view(-1)
+    sflat = _scale_tensor(spec, kv_cache, kv_scales).view(-1)
     kq, scale = quantize(k, spec)
     key_off, scale_off = _offsets(spec, loc.to(kv_cache.device))
     kb = spec.key_bytes_per_token
@@ -129,8 +167,9 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
     flat[idx.reshape(-1)] = _key_bytes(kq, spec).reshape(-1).to(flat.device)
     if scale is not None:
         sb = spec.scale_bytes_per_token
-        idx = scale_off[:, None] + torch.arange(sb, device=flat.device)
-        flat[idx.reshape(-1)] = _scale_bytes(scale, spec).reshape(-1).to(flat.device)
+        scale_off = scale_off.to(sflat.device)
+        idx = scale_off[:, None] + torch.arange(sb, device=sflat.device)
+        sflat[idx.reshape(-1)] = _scale_bytes(scale, spec).reshape(-1).to(sflat.device)
 
 
 def read_key_bytes(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec) -> torch.Tensor:
@@ -150,11 +189,13 @@ def key_storage(kq: torch.Tensor, scale: torch.Tensor | None, spec: Spec):
     return k, scale
 
 
-def read_scales(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec) -> torch.Tensor | None:
-    """Stored scales of some slots: float32 ``[n, scales_per_token]``, or None (unscaled layout)."""
+def read_scales(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
+                kv_scales: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Stored scales of some slots: float32 ``[n, scales_per_token]``, or None (unscaled layout).
+    ``kv_scales``: the scale tensor of a ``separate`` spec, None otherwise."""
+    flat = _scale_tensor(spec, kv_cache, kv_scales).reshape(-1)
     if not spec.quantized:
         return None
-    flat = kv_cache.reshape(-1)
     _, scale_off = _offsets(spec, slots.to(flat.device))
     sraw = flat[scale_off[:, None] + torch.arange(spec.scale_bytes_per_token, device=flat.device)]
     if spec.scale_dtype == "ue8m0":
@@ -162,18 +203,21 @@ def read_scales(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec) -> torc
     return sraw.view(torch.float32)
 
 
-def read_tokens(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec):
+def read_tokens(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
+                kv_scales: torch.Tensor | None = None):
     """Raw stored values of some slots: ``(k_q [n, head_dim]``, ``scale [n, scales_per_token]``
-    float32 or None). ``k_q`` is in the key dtype (e2m1: float32 grid values, exact)."""
+    float32 or None). ``k_q`` is in the key dtype (e2m1: float32 grid values, exact).
+    ``kv_scales``: the scale tensor of a ``separate`` spec, None otherwise."""
     raw = read_key_bytes(kv_cache, slots, spec)
     kq = _e2m1_unpack(raw) if spec.key.name == "e2m1" else raw.view(spec.key.torch_dtype)
-    return kq, read_scales(kv_cache, slots, spec)
+    return kq, read_scales(kv_cache, slots, spec, kv_scales)
 
 
 def dequantize(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Keys of some slots as ``[n, head_dim]`` ``dtype`` (stored value times its scale)."""
-    kq, sc = read_tokens(kv_cache, slots, spec)
+               dtype: torch.dtype = torch.float32, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+    """Keys of some slots as ``[n, head_dim]`` ``dtype`` (stored value times its scale).
+    ``kv_scales``: the scale tensor of a ``separate`` spec, None otherwise."""
+    kq, sc = read_tokens(kv_cache, slots, spec, kv_scales)
     k = kq.to(dtype)
     if sc is not None:
         k = (k.view(k.shape[0], spec.scales_per_token, spec.scale_block) * sc.to(dtype)[..., None])
@@ -197,7 +241,8 @@ def valid_mask(context_lens: torch.Tensor, next_n: int, max_context_len: int) ->
     return (j[None, None, :] < bound[:, :, None]).reshape(-1, max_context_len)
 
 
-def _check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, spec):
+def _check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, spec,
+                       kv_scales=None):
     if q.dim() != 4 or q.shape[2] != spec.num_heads or q.shape[3] != spec.head_dim:
         raise ValueError(f"q must be [B, next_n, {spec.num_heads}, {spec.head_dim}], got {list(q.shape)}")
     B, next_n = q.shape[0], q.shape[1]
@@ -210,6 +255,8 @@ def _check_logits_args(q, kv_cache, weights, context_lens, block_table, max_cont
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 2 or kv_cache.shape[1] != spec.page_bytes:
         raise ValueError(f"kv_cache must be uint8 [num_pages, {spec.page_bytes}], got "
                          f"{kv_cache.dtype} {list(kv_cache.shape)}")
+    if _scale_tensor(spec, kv_cache, kv_scales).shape[0] != kv_cache.shape[0]:
+        raise ValueError(f"kv_scales must have kv_cache's {kv_cache.shape[0]} pages, got {kv_scales.shape[0]}")
     if max_context_len > block_table.shape[1] * spec.page_size:
         raise ValueError("max_context_len exceeds block_table capacity")
 
@@ -235,7 +282,8 @@ def _head_sum(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, sc: torch.Tenso
 def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                  context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
                  clean_logits: bool, spec: Spec,
-                 compute_dtype: torch.dtype = torch.float32, magnitude: bool = False) -> torch.Tensor:
+                 compute_dtype: torch.dtype = torch.float32, magnitude: bool = False,
+                 kv_scales: torch.Tensor | None = None) -> torch.Tensor:
     """Lightning-indexer paged logits, matching DeepGEMM ``fp8_paged_mqa_logits``.
 
     ``logits[b*next_n+i, j] = k_scale[j] * sum_h weights[b*next_n+i, h] * relu(q[b,i,h] . k_q[j])``
@@ -255,10 +303,15 @@ def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
         magnitude: instead of the logits, the same sums over absolute values,
             ``scale * sum_h |w| * sum_d |q * k|``: the size of the terms a logit is the sum of,
             which bounds its floating-point rounding error (the verifier's condition scale).
+        kv_scales: uint8 ``[num_pages, scale_page_bytes]`` for a ``separate`` spec, else None.
     Returns:
         ``[B*next_n, max_context_len]`` logits.
+    Raises:
+        ValueError: shapes or dtypes that do not match the spec, ``kv_scales`` missing for a
+            separate spec or given for another.
     """
-    _check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, spec)
+    _check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, spec,
+                       kv_scales)
     B, next_n = q.shape[0], q.shape[1]
     dev = q.device
     out = torch.full((B * next_n, max_context_len), float("-inf"), dtype=compute_dtype, device=dev)
@@ -271,7 +324,7 @@ def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
             continue
         j = torch.arange(L, device=dev)
         slots = block_table[b].to(dev).long()[j // ps] * ps + j % ps
-        kq, sc = read_tokens(kv_cache, slots, spec)
+        kq, sc = read_tokens(kv_cache, slots, spec, kv_scales)
         out[b * next_n:(b + 1) * next_n, :L] = _head_sum(
             q[b].to(compute_dtype), kq.to(compute_dtype),
             weights[b * next_n:(b + 1) * next_n].to(compute_dtype),
@@ -340,31 +393,36 @@ def ragged_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None
 
 def fallback_paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                           context_lens: torch.Tensor, block_table: torch.Tensor,
-                          max_context_len: int, spec: Spec) -> torch.Tensor:
+                          max_context_len: int, spec: Spec,
+                          kv_scales: torch.Tensor | None = None) -> torch.Tensor:
     """The plain-PyTorch serving fallback, batched (what a stack does without a kernel).
 
-    Gathers whole pages with ``block_table``, dequantizes them to bf16, runs one batched GEMM,
-    ``relu * weights``, sums heads, masks with ``-inf``. Same result as :func:`paged_logits` up to
-    bf16 rounding; used as the speed baseline in ``dsagen bench``. Returns fp32
-    ``[B*next_n, max_context_len]``.
+    Gathers whole pages with ``block_table`` (and their scale pages from ``kv_scales`` for a
+    ``separate`` spec), dequantizes them to bf16, runs one batched GEMM, ``relu * weights``, sums
+    heads, masks with ``-inf``. Same result as :func:`paged_logits` up to bf16 rounding; used as
+    the speed baseline in ``dsagen bench``. Returns fp32 ``[B*next_n, max_context_len]``.
     """
     B, next_n, H, D = q.shape
     ps = spec.page_size
     P = (max_context_len + ps - 1) // ps
-    pages = kv_cache[block_table[:, :P].long()]                     # [B, P, page_bytes]
+    ids = block_table[:, :P].long()
+    pages = kv_cache[ids]                                           # [B, P, page_bytes]
+    home = _scale_tensor(spec, kv_cache, kv_scales)                 # checks kv_scales either way
+    spages = home[ids] if spec.separate_scales else pages
     o = torch.arange(ps, device=q.device)
     key_in_page, scale_in_page = _offsets(spec, o)                  # the slots of page 0
     if spec.key.name == "e2m1" or spec.scale_dtype == "ue8m0":
         # no torch dtype views these bytes: decode through the reference's reader
         slots = (torch.arange(B * P, device=q.device)[:, None] * ps + o).reshape(-1)
-        k = dequantize(pages.reshape(B * P, -1), slots, spec).to(torch.bfloat16)
-        keys = k.view(B, P, ps, D)
+        k = dequantize(pages.reshape(B * P, -1), slots, spec,
+                       kv_scales=spages.reshape(B * P, -1) if spec.separate_scales else None)
+        keys = k.to(torch.bfloat16).view(B, P, ps, D)
     else:
         kidx = key_in_page[:, None] + torch.arange(spec.key_bytes_per_token, device=q.device)
         keys = pages[:, :, kidx].view(spec.key.torch_dtype).to(torch.bfloat16)   # [B, P, ps, D]
         if spec.quantized:
             sidx = scale_in_page[:, None] + torch.arange(spec.scale_bytes_per_token, device=q.device)
-            sc = pages[:, :, sidx].view(torch.float32)              # [B, P, ps, scales]
+            sc = spages[:, :, sidx].view(torch.float32)             # [B, P, ps, scales]
             keys = (keys.view(B, P, ps, spec.scales_per_token, spec.scale_block)
                     * sc[..., None]).view(B, P, ps, D).to(torch.bfloat16)
     keys = keys.reshape(B, P * ps, D)

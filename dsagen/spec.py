@@ -2,8 +2,9 @@
 
 A spec describes one indexer key-cache layout (DESIGN.md section 3). Every byte offset that any
 generated kernel, the CPU backend or the PyTorch reference uses comes from :meth:`Spec.layout`,
-four integers of an affine map ``slot -> byte offset``, so the store and the readers agree by
-construction.
+the integers of two affine maps ``slot -> byte offset`` (keys in ``kv_cache``; scales in
+``kv_cache``, or in their own tensor ``kv_scales`` for ``scale.placement: separate``), so the
+store and the readers agree by construction.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import yaml
 from .dtypes import KEY_DTYPES, SCALE_DTYPES, DType, query_dtype
 
 ARCHS = ("sm_90a", "sm_100a")
-PLACEMENTS = ("page_tail", "interleaved", "separate")   # separate: rejected with a message
+PLACEMENTS = ("page_tail", "interleaved", "separate")
 ROUNDINGS = ("none", "pow2")
 HEAD_DIMS = (32, 64, 128, 256)
 
@@ -36,10 +37,14 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class Layout:
-    """Affine byte addressing of a layout, in bytes from the start of ``kv_cache``.
+    """Affine byte addressing of a layout.
 
     ``key_offset(slot) = (slot // page_size) * page_stride + (slot % page_size) * key_token_stride``
-    ``scale_offset(slot) = (slot // page_size) * page_stride + scale_base + (slot % page_size) * scale_token_stride``
+    from the start of ``kv_cache``;
+    ``scale_offset(slot) = (slot // page_size) * scale_page_stride + scale_base + (slot % page_size) * scale_token_stride``
+    from the start of the tensor holding the scales: ``kv_cache`` itself (``page_tail``,
+    ``interleaved``: ``scale_page_stride == page_stride``), or ``kv_scales`` (``separate``:
+    ``scale_page_stride = page_size * scale_bytes_per_token``, ``scale_base = 0``).
     """
 
     page_size: int
@@ -47,6 +52,7 @@ class Layout:
     key_token_stride: int
     scale_base: int
     scale_token_stride: int
+    scale_page_stride: int
 
 
 @dataclass(frozen=True)
@@ -96,20 +102,43 @@ class Spec:
 
     @property
     def bytes_per_token(self) -> int:
+        """Key bytes plus scale bytes of one token (wherever the scales live)."""
         return self.key_bytes_per_token + self.scale_bytes_per_token
+
+    @property
+    def separate_scales(self) -> bool:
+        """``scale.placement: separate``: the scales live in their own tensor ``kv_scales``,
+        uint8 ``[num_pages, scale_page_bytes]``, and ``kv_cache`` holds only keys."""
+        return self.scale_placement == "separate"
+
+    @property
+    def cache_bytes_per_token(self) -> int:
+        """Bytes of one token in ``kv_cache``: ``bytes_per_token``, or only the key bytes when
+        the scales are separate."""
+        return self.key_bytes_per_token if self.separate_scales else self.bytes_per_token
 
     @property
     def page_bytes(self) -> int:
         """Bytes one page occupies in ``kv_cache`` (its stride, padding included)."""
-        return self.page_stride_bytes or self.page_size * self.bytes_per_token
+        return self.page_stride_bytes or self.page_size * self.cache_bytes_per_token
+
+    @property
+    def scale_page_bytes(self) -> int:
+        """Bytes one page occupies in ``kv_scales`` (``page_size * scale_bytes_per_token``,
+        token-major, no padding) for ``separate`` placement; 0 for the other placements,
+        whose scales are in ``kv_cache``."""
+        return self.page_size * self.scale_bytes_per_token if self.separate_scales else 0
 
     @property
     def layout(self) -> Layout:
         kb, sb, ps = self.key_bytes_per_token, self.scale_bytes_per_token, self.page_size
         if self.scale_placement == "page_tail":
-            return Layout(ps, self.page_bytes, kb, ps * kb, sb)
+            return Layout(ps, self.page_bytes, kb, ps * kb, sb, self.page_bytes)
+        if self.scale_placement == "separate":
+            # keys alone in kv_cache; token t of page p has its scales at (p*ps + t)*sb of kv_scales
+            return Layout(ps, self.page_bytes, kb, 0, sb, ps * sb)
         # interleaved: each token holds its key bytes then its scales
-        return Layout(ps, self.page_bytes, kb + sb, kb, kb + sb)
+        return Layout(ps, self.page_bytes, kb + sb, kb, kb + sb, self.page_bytes)
 
     @property
     def key_align(self) -> int:
@@ -161,7 +190,10 @@ class Spec:
         return Spec.from_dict(d, source=self.source)
 
     def summary(self) -> str:
-        return f"{self.name}: {self.bytes_per_token} B/token, {self.page_bytes} B/page"
+        s = f"{self.name}: {self.bytes_per_token} B/token, {self.page_bytes} B/page"
+        if self.separate_scales:
+            s += f" of keys + {self.scale_page_bytes} B/page of scales (kv_scales)"
+        return s
 
     # ---- parsing -------------------------------------------------------------------------
     @staticmethod
@@ -252,10 +284,6 @@ def _parse(data: Any, source: str) -> Spec:
                         f"{rounding!r}: a ue8m0 scale is a power of two; rounding must be pow2")
     placement = _choice(source, "scale.placement", _get(data, "scale.placement") or "page_tail",
                         PLACEMENTS)
-    if placement == "separate":
-        raise SpecError(source, "scale.placement",
-                        "'separate' (scales in their own tensor) is not supported yet; use page_tail "
-                        "or interleaved")
     block_v = _get(data, "scale.block")
     block = head_dim if block_v is None else _int(source, "scale.block", block_v)
 
@@ -266,6 +294,9 @@ def _parse(data: Any, source: str) -> Spec:
                         f"key.dtype {key_dtype} is stored unscaled; scale.dtype must be none")
     if scale_dtype == "none" and rounding != "none":
         raise SpecError(source, "scale.rounding", "rounding needs a scale (scale.dtype is none)")
+    if scale_dtype == "none" and placement == "separate":
+        raise SpecError(source, "scale.placement",
+                        "'separate' (scales in their own tensor) needs a scale (scale.dtype is none)")
     if scale_dtype != "none":
         if not (_pow2(block) and 16 <= block <= head_dim):
             raise SpecError(source, "scale.block",
@@ -304,13 +335,16 @@ def _parse(data: Any, source: str) -> Spec:
                             f"next_n={n} with num_heads={num_heads}, head_dim={head_dim} {key_dtype} needs "
                             f"{smem // 1024} KiB of shared memory per block (max 227)")
     bpt = head_dim * key.bits // 8 + (head_dim // block) * SCALE_DTYPES[scale_dtype]
+    what = "bytes_per_token"
+    if placement == "separate":    # kv_cache holds only the keys
+        bpt, what = head_dim * key.bits // 8, "key bytes per token (scales are separate)"
     stride_v = data.get("page_stride_bytes")
     stride = None
     if stride_v is not None:
         stride = _int(source, "page_stride_bytes", stride_v)
         if stride < page_size * bpt or stride % 16:
             raise SpecError(source, "page_stride_bytes",
-                            f"{stride} must be a multiple of 16 and >= page_size * bytes_per_token "
+                            f"{stride} must be a multiple of 16 and >= page_size * {what} "
                             f"= {page_size * bpt}")
     return Spec(name=name, description=description.strip(), head_dim=head_dim, page_size=page_size,
                 key_dtype=key_dtype, scale_dtype=scale_dtype, scale_rounding=rounding,

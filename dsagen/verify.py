@@ -3,7 +3,8 @@
 Inputs are fresh random draws (never zeros); outputs are poisoned before the kernel writes them;
 the block table is a random permutation of pages; context lengths are not page multiples.
 
-* store: the whole ``kv_cache`` after the op must equal, byte for byte, the reference's.
+* store: the whole ``kv_cache`` (and ``kv_scales`` of a ``separate`` spec) after the op must
+  equal, byte for byte, the reference's.
 * paged_logits: the ``-inf`` masks must be equal, no NaN may be left (so every element was
   written), and the error of the valid entries against the reference computed in float64 from
   the same quantized q and keys must be small: relative L2 error ``|out - ref| / |ref|`` below
@@ -112,12 +113,24 @@ def random_q(spec: Spec, B: int, next_n: int, gen: torch.Generator, device) -> t
     return q.to(device=device, dtype=spec.query.torch_dtype)
 
 
+def random_bytes(num_pages: int, page_bytes: int, gen: torch.Generator) -> torch.Tensor:
+    """uint8 ``[num_pages, page_bytes]`` of random bytes (a cache before anything is stored)."""
+    return torch.randint(0, 256, (num_pages, page_bytes), generator=gen, dtype=torch.uint8)
+
+
+def _scales_kw(kv_scales) -> dict:
+    """``{"kv_scales": t}`` for a separate spec's scale tensor, else ``{}`` (ops objects written
+    before ``separate`` existed need not take the argument)."""
+    return {} if kv_scales is None else {"kv_scales": kv_scales}
+
+
 def make_cache(spec: Spec, context_lens: list[int], gen: torch.Generator, device,
                extra_pages: int = 3):
     """A filled cache and a random-permutation block table for requests of these lengths.
 
-    Returns ``(kv_cache, block_table int32 [B, max_pages])``. Every slot holds a stored random
-    key (reference store); page padding bytes, if any, are random.
+    Returns ``(kv_cache, block_table int32 [B, max_pages], kv_scales)``; ``kv_scales`` is uint8
+    ``[num_pages, spec.scale_page_bytes]`` for a ``separate`` spec, else None. Every slot holds a
+    stored random key (reference store); page padding bytes, if any, are random.
     """
     ps = spec.page_size
     pages_per = [max(1, math.ceil(c / ps)) for c in context_lens]
@@ -131,10 +144,11 @@ def make_cache(spec: Spec, context_lens: list[int], gen: torch.Generator, device
         pos += n
         if n < max_pages:   # unused columns point at real pages, as a serving stack's would
             bt[b, n:] = torch.randint(0, num_pages, (max_pages - n,), generator=gen, dtype=torch.int32)
-    cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=gen, dtype=torch.uint8)
+    cache = random_bytes(num_pages, spec.page_bytes, gen)
+    scales = random_bytes(num_pages, spec.scale_page_bytes, gen) if spec.separate_scales else None
     slots = torch.arange(num_pages * ps, dtype=torch.int64)
-    R.store(random_keys(len(slots), spec.head_dim, gen, "cpu"), cache, slots, spec)
-    return cache.to(device), bt.to(device)
+    R.store(random_keys(len(slots), spec.head_dim, gen, "cpu"), cache, slots, spec, kv_scales=scales)
+    return cache.to(device), bt.to(device), None if scales is None else scales.to(device)
 
 
 def _poisoned_alloc(shape, device):
@@ -182,20 +196,22 @@ def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generato
     lens = [int(c) for c in (context_lens if not ctx_2d else [max(c) for c in context_lens])]
     max_len = int(max_context_len if max_context_len is not None else max(lens))
     # the block table must cover max_context_len columns (DeepGEMM's contract too)
-    cache, bt = make_cache(spec, [max(c, max_len) if i == 0 else c for i, c in enumerate(lens)], gen, device)
+    cache, bt, sc = make_cache(spec, [max(c, max_len) if i == 0 else c for i, c in enumerate(lens)],
+                               gen, device)
     cl = torch.tensor(context_lens, dtype=torch.int32, device=device)
     q = random_q(spec, B, next_n, gen, device)
     w = torch.randn(B * next_n, spec.num_heads, generator=gen).to(device)
     _poisoned_alloc((B * next_n, max_len), device)
-    out = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits)
-    ref = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64)
+    out = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits, **_scales_kw(sc))
+    ref = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64,
+                         kv_scales=sc)
     mag = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64,
-                         magnitude=True)
+                         magnitude=True, kv_scales=sc)
     row = Row("paged_logits", "", f"B={B} next_n={next_n} ctx={_ctx_str(context_lens)}"
               + (" 2d" if ctx_2d else "") + ("" if clean_logits else " unclean"))
     _score(row, out, ref, mag, clean_logits)
     for _ in range(reruns - 1):
-        again = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits)
+        again = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits, **_scales_kw(sc))
         if not torch.equal(again, out) and not (clean_logits is False):
             row.deterministic = False
     return _verdict(row, *logits_tolerance(spec, device, next_n, getattr(ops, "tuning", None)))
@@ -251,17 +267,23 @@ def ragged_cases(gen: torch.Generator, quick: bool):
 
 
 def check_store(ops, spec: Spec, n: int, gen: torch.Generator, device, k_dtype=torch.bfloat16) -> Row:
-    """Store ``n`` random keys at random distinct slots; the whole cache must equal the reference's."""
+    """Store ``n`` random keys at random distinct slots; the whole cache (and the scale tensor of
+    a ``separate`` spec) must equal the reference's."""
     num_pages = math.ceil(2 * n / spec.page_size) + 1
-    cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=gen, dtype=torch.uint8)
+    cache = random_bytes(num_pages, spec.page_bytes, gen)
+    scales = random_bytes(num_pages, spec.scale_page_bytes, gen) if spec.separate_scales else None
     loc = torch.randperm(num_pages * spec.page_size, generator=gen)[:n].to(torch.int64)
     k = random_keys(n, spec.head_dim, gen, "cpu", dtype=k_dtype)
     ref = cache.clone()
-    R.store(k, ref, loc, spec)
+    ref_sc = None if scales is None else scales.clone()
+    R.store(k, ref, loc, spec, kv_scales=ref_sc)
     got = cache.to(device)
-    ops.store(k.to(device), got, loc.to(device))
+    got_sc = None if scales is None else scales.to(device)
+    ops.store(k.to(device), got, loc.to(device), **_scales_kw(got_sc))
     row = Row("store", "", f"N={n} k={str(k_dtype).replace('torch.', '')}")
     got = got.cpu()
+    if got_sc is not None:   # compare keys and scales together
+        got, ref = torch.cat([got.view(-1), got_sc.cpu().view(-1)]), torch.cat([ref.view(-1), ref_sc.view(-1)])
     row.bytes_equal = bool(torch.equal(got, ref))
     if not row.bytes_equal:
         row.note = f"{int((got != ref).sum())} bytes differ"

@@ -52,17 +52,19 @@ def test_variant_layout_cpu(variant_spec, gen, repro):
     assert rep.passed, f"{repro}\n{rep.table()}"
 
 
-def _slot_byte_mask(spec, cache, loc) -> torch.Tensor:
+def _slot_byte_masks(spec, cache, scales, loc) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Bytes of the slots ``loc`` in ``cache`` and (separate placement) in ``scales``."""
     lay = spec.layout
     mask = torch.zeros(cache.numel(), dtype=torch.bool)
+    smask = mask if scales is None else torch.zeros(scales.numel(), dtype=torch.bool)
     for t in loc.tolist():
         page, off = divmod(t, lay.page_size)
         k0 = page * lay.page_stride + off * lay.key_token_stride
         mask[k0:k0 + spec.key_bytes_per_token] = True
         if spec.quantized:
-            s0 = page * lay.page_stride + lay.scale_base + off * lay.scale_token_stride
-            mask[s0:s0 + spec.scale_bytes_per_token] = True
-    return mask.view(cache.shape)
+            s0 = page * lay.scale_page_stride + lay.scale_base + off * lay.scale_token_stride
+            smask[s0:s0 + spec.scale_bytes_per_token] = True
+    return mask.view(cache.shape), None if scales is None else smask.view(scales.shape)
 
 
 @pytest.mark.parametrize("k_dtype", [torch.bfloat16, torch.float32, torch.float16], ids=str)
@@ -70,26 +72,34 @@ def test_store_changes_only_its_slots(dsagen_spec, dsagen_ops, gen, repro, k_dty
     spec, ops = dsagen_spec, dsagen_ops
     num_pages = 6
     cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=gen, dtype=torch.uint8)
+    scales = (torch.randint(0, 256, (num_pages, spec.scale_page_bytes), generator=gen, dtype=torch.uint8)
+              if spec.separate_scales else None)
     before = cache.clone()
+    before_sc = None if scales is None else scales.clone()
     loc = torch.randperm(num_pages * spec.page_size, generator=gen)[:spec.page_size + 3]
     k = random_keys(len(loc), spec.head_dim, gen, "cpu", dtype=k_dtype)
-    ops.store(k, cache, loc)
-    mask = _slot_byte_mask(spec, cache, loc)
+    ops.store(k, cache, loc, scales)
+    mask, smask = _slot_byte_masks(spec, cache, scales, loc)
     assert torch.equal(cache[~mask], before[~mask]), f"store wrote outside its slots {repro}"
     ref = before.clone()
-    R.store(k, ref, loc, spec)
+    ref_sc = None if scales is None else before_sc.clone()
+    R.store(k, ref, loc, spec, kv_scales=ref_sc)
     assert torch.equal(cache, ref), f"{int((cache != ref).sum())} bytes differ {repro}"
+    if scales is not None:
+        assert torch.equal(scales[~smask], before_sc[~smask]), f"store wrote outside its slots' scales {repro}"
+        assert torch.equal(scales, ref_sc), f"{int((scales != ref_sc).sum())} scale bytes differ {repro}"
     # and the stored values are the keys (to quantization error)
-    back = R.dequantize(cache, loc, spec)
+    back = R.dequantize(cache, loc, spec, kv_scales=scales)
     # e4m3 keeps 3 mantissa bits, e2m1 one, bf16/fp16 unscaled 7 or more
     bound = {"e4m3": 2 ** -4, "e2m1": 2 ** -2}.get(spec.key_dtype, 2 ** -7)
     assert rel_err(back, k.float()) < bound, repro
 
 
 def test_store_empty(dsagen_spec, dsagen_ops):
-    cache = dsagen_ops.new_cache(2)
-    dsagen_ops.store(torch.randn(0, dsagen_spec.head_dim), cache, torch.zeros(0, dtype=torch.int64))
-    assert not cache.any()
+    cache, scales = dsagen_ops.new_cache(2), dsagen_ops.new_scales(2)
+    assert (scales is None) == (not dsagen_spec.separate_scales)
+    dsagen_ops.store(torch.randn(0, dsagen_spec.head_dim), cache, torch.zeros(0, dtype=torch.int64), scales)
+    assert not cache.any() and (scales is None or not scales.any())
 
 
 def test_logits_masks_poison_and_accuracy(dsagen_spec, dsagen_ops, gen, repro):
@@ -99,7 +109,7 @@ def test_logits_masks_poison_and_accuracy(dsagen_spec, dsagen_ops, gen, repro):
     ps = spec.page_size
     for next_n in spec.next_n:
         lens = [0, ps + 1, 3 * ps - 1, 1, 2 * ps]
-        cache, bt = make_cache(spec, lens, gen, "cpu")
+        cache, bt, sc = make_cache(spec, lens, gen, "cpu")
         bt = torch.cat([bt, torch.randint(0, cache.shape[0], (len(lens), 1), generator=gen,
                                           dtype=torch.int32)], 1)
         max_len = bt.shape[1] * ps
@@ -107,22 +117,23 @@ def test_logits_masks_poison_and_accuracy(dsagen_spec, dsagen_ops, gen, repro):
         w = torch.randn(len(lens) * next_n, spec.num_heads, generator=gen)
         cl = torch.tensor(lens, dtype=torch.int32)
         torch.full((len(lens) * next_n, max_len), float("nan"))   # poison the allocator
-        out = ops.paged_logits(q, cache, w, cl, bt, max_len)
-        ref = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64)
+        out = ops.paged_logits(q, cache, w, cl, bt, max_len, kv_scales=sc)
+        ref = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64,
+                             kv_scales=sc)
         assert out.dtype == torch.float32 and out.shape == ref.shape
         assert not out.isnan().any(), repro
         valid = R.valid_mask(cl, next_n, max_len)
         assert torch.equal(torch.isneginf(out), ~valid), f"masks differ (next_n={next_n}) {repro}"
         mag = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64,
-                             magnitude=True)
+                             magnitude=True, kv_scales=sc)
         # the verifier's bar: 1e-4 relative, or 2e-6 of the absolute-value sums where the few
         # logits of a small page size nearly cancel (see dsagen/verify.py)
         err = float(torch.linalg.vector_norm(out[valid].double() - ref[valid]))
         assert (err < 1e-4 * float(ref[valid].norm()) or err < COND_TOL * float(mag[valid].norm())), repro
-        unclean = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits=False)
+        unclean = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits=False, kv_scales=sc)
         assert not unclean[valid].isnan().any()
         assert rel_err(unclean[valid], out[valid]) < 1e-6, repro
-        again = ops.paged_logits(q, cache, w, cl, bt, max_len)
+        again = ops.paged_logits(q, cache, w, cl, bt, max_len, kv_scales=sc)
         assert torch.equal(again, out), "CPU paged_logits is not deterministic"
 
 
@@ -140,7 +151,7 @@ def test_store_then_logits_vs_unquantized(dsagen_spec, dsagen_ops, gen, repro):
     lens = [5 * u + 3, 2 * u - 1, u + 1]
     pages_per = [-(-n // ps) for n in lens]
     perm = torch.randperm(sum(pages_per) + 2, generator=gen)
-    cache = ops.new_cache(len(perm))
+    cache, scales = ops.new_cache(len(perm)), ops.new_scales(len(perm))
     bt = torch.zeros(B, max(pages_per), dtype=torch.int32)
     keys = []
     pos = 0
@@ -150,12 +161,12 @@ def test_store_then_logits_vs_unquantized(dsagen_spec, dsagen_ops, gen, repro):
         j = torch.arange(n)
         slots = bt[b].long()[j // ps] * ps + j % ps
         k = random_keys(n, spec.head_dim, gen, "cpu")
-        ops.store(k, cache, slots)
+        ops.store(k, cache, slots, scales)
         keys.append(k)
     q = random_q(spec, B, next_n, gen, "cpu")
     w = torch.randn(B * next_n, spec.num_heads, generator=gen)
     cl = torch.tensor(lens, dtype=torch.int32)
-    out = ops.paged_logits(q, cache, w, cl, bt, max(lens))
+    out = ops.paged_logits(q, cache, w, cl, bt, max(lens), kv_scales=scales)
     want = torch.full_like(out, float("-inf"), dtype=torch.float64)
     for b in range(B):
         s = torch.relu(torch.einsum("ihd,jd->ihj", q[b].double(), keys[b].double()))
@@ -173,21 +184,32 @@ def test_store_then_logits_vs_unquantized(dsagen_spec, dsagen_ops, gen, repro):
 def test_bad_inputs_raise(dsagen_spec, dsagen_ops):
     spec, ops = dsagen_spec, dsagen_ops
     D, H, n = spec.head_dim, spec.num_heads, spec.next_n[0]
-    cache = ops.new_cache(2)
+    cache, sc = ops.new_cache(2), ops.new_scales(2)
     loc = torch.tensor([0, 1])
     with pytest.raises(RuntimeError, match=spec.name):
-        ops.store(torch.randn(2, D + 1), cache, loc)
+        ops.store(torch.randn(2, D + 1), cache, loc, sc)
     with pytest.raises(RuntimeError, match="loc"):
-        ops.store(torch.randn(2, D), cache, loc.int())
+        ops.store(torch.randn(2, D), cache, loc.int(), sc)
     with pytest.raises(RuntimeError, match="kv_cache"):
-        ops.store(torch.randn(2, D), torch.zeros(2, spec.page_bytes + 16, dtype=torch.uint8), loc)
+        ops.store(torch.randn(2, D), torch.zeros(2, spec.page_bytes + 16, dtype=torch.uint8), loc, sc)
     with pytest.raises(RuntimeError, match="kv_cache"):
-        ops.store(torch.randn(2, D), torch.zeros(2, 2 * spec.page_bytes, dtype=torch.uint8)[:, ::2], loc)
+        ops.store(torch.randn(2, D), torch.zeros(2, 2 * spec.page_bytes, dtype=torch.uint8)[:, ::2], loc, sc)
     q = torch.randn(1, n, H, D).to(spec.query.torch_dtype)
     w = torch.randn(n, H)
     cl = torch.tensor([3], dtype=torch.int32)
     bt = torch.zeros(1, -(-3 // spec.page_size), dtype=torch.int32)   # covers 3 tokens
-    ops.paged_logits(q, cache, w, cl, bt, 3)   # the good call works
+    ops.paged_logits(q, cache, w, cl, bt, 3, kv_scales=sc)   # the good call works
+    # kv_scales: required (and checked) for separate placement, refused for the others
+    if spec.separate_scales:
+        bad_scales = [None, sc[:1], sc.float(), sc[:, :-4], torch.zeros(2, 2 * spec.scale_page_bytes,
+                                                                        dtype=torch.uint8)[:, ::2]]
+    else:
+        bad_scales = [torch.zeros(2, 16, dtype=torch.uint8)]
+    for bad_sc in bad_scales:
+        with pytest.raises(RuntimeError, match="kv_scales"):
+            ops.store(torch.randn(2, D), cache, loc, bad_sc)
+        with pytest.raises(RuntimeError, match="kv_scales"):
+            ops.paged_logits(q, cache, w, cl, bt, 3, kv_scales=bad_sc)
     bad = [
         ((q[:, :, :H - 8], cache, w, cl, bt, 3), "q"),
         ((q.float(), cache, w, cl, bt, 3), "q"),
@@ -203,20 +225,21 @@ def test_bad_inputs_raise(dsagen_spec, dsagen_ops):
                      cl, bt, 3), "next_n"))
     for args, what in bad:
         with pytest.raises(RuntimeError, match=what):
-            ops.paged_logits(*args)
+            ops.paged_logits(*args, kv_scales=sc)
 
 
 def test_torch_library_registration(dsagen_spec, dsagen_ops, gen):
     """Schema (store mutates kv_cache, returns nothing), fake/meta kernels, AOT dispatch."""
     spec, ops = dsagen_spec, dsagen_ops
     ns = getattr(torch.ops, ops.namespace)
-    cache, bt = make_cache(spec, [70, 5], gen, "cpu")
+    cache, bt, sc = make_cache(spec, [70, 5], gen, "cpu")
     k = random_keys(3, spec.head_dim, gen, "cpu")
-    torch.library.opcheck(ns.store.default, (k, cache.clone(), torch.tensor([0, 5, 9])))
+    torch.library.opcheck(ns.store.default, (k, cache.clone(), torch.tensor([0, 5, 9]))
+                          + (() if sc is None else (sc.clone(),)))
     n = spec.next_n[0]
     q = random_q(spec, 2, n, gen, "cpu")
     args = (q, cache, torch.randn(2 * n, spec.num_heads, generator=gen),
-            torch.tensor([70, 5], dtype=torch.int32), bt, 70, True)
+            torch.tensor([70, 5], dtype=torch.int32), bt, 70, True) + (() if sc is None else (sc,))
     # opcheck's test_schema cannot handle fp8 inputs itself (it multiplies them): skip it there
     utils = (("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
              if spec.key_dtype == "e4m3" else
@@ -237,7 +260,7 @@ def test_ops_under_torch_compile_fullgraph(dsagen_spec, dsagen_ops, gen):
     from dsagen.serving import topk
     from dsagen.verify import ragged_inputs
     spec, ops = dsagen_spec, dsagen_ops
-    cache, bt = make_cache(spec, [70, 5], gen, "cpu")
+    cache, bt, sc = make_cache(spec, [70, 5], gen, "cpu")
     n = spec.next_n[0]
     q = random_q(spec, 2, n, gen, "cpu")
     w = torch.randn(2 * n, spec.num_heads, generator=gen)
@@ -245,15 +268,17 @@ def test_ops_under_torch_compile_fullgraph(dsagen_spec, dsagen_ops, gen):
     k = random_keys(2, spec.head_dim, gen, "cpu")
     loc = torch.tensor([int(bt[0, 1]) * spec.page_size + 3, int(bt[1, 0]) * spec.page_size + 4])
 
-    def decode(cache, k, q, w, cl):
-        ops.store(k, cache, loc)
-        logits = ops.paged_logits(q, cache, w, cl, bt, 70)
+    def decode(cache, scales, k, q, w, cl):
+        ops.store(k, cache, loc, scales)
+        logits = ops.paged_logits(q, cache, w, cl, bt, 70, kv_scales=scales)
         return logits, topk(logits, cl.repeat_interleave(n), 16)
 
-    eager_cache, comp_cache = cache.clone(), cache.clone()
-    want = decode(eager_cache, k, q, w, cl)
-    got = torch.compile(decode, fullgraph=True, backend="eager")(comp_cache, k, q, w, cl)
+    clone = lambda t: None if t is None else t.clone()   # noqa: E731
+    eager_cache, comp_cache, eager_sc, comp_sc = cache.clone(), cache.clone(), clone(sc), clone(sc)
+    want = decode(eager_cache, eager_sc, k, q, w, cl)
+    got = torch.compile(decode, fullgraph=True, backend="eager")(comp_cache, comp_sc, k, q, w, cl)
     assert torch.equal(comp_cache, eager_cache)
+    assert sc is None or torch.equal(comp_sc, eager_sc)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     rq, rk, rsc, rw = ragged_inputs(spec, 3, 20, gen, "cpu")
     ks, ke = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([20, 9, 5], dtype=torch.int32)

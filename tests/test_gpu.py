@@ -21,7 +21,7 @@ def rel_err(x, ref) -> float:
 
 
 @pytest.fixture
-def cuda_ops(dsagen_spec, dsagen_ops):
+def any_cuda_ops(dsagen_spec, dsagen_ops):
     from dsagen.ops import cuda_archs
     if not cuda_archs(dsagen_spec):
         cap = "sm_%d%d" % torch.cuda.get_device_capability()
@@ -30,8 +30,17 @@ def cuda_ops(dsagen_spec, dsagen_ops):
     return dsagen_ops
 
 
+@pytest.fixture
+def cuda_ops(dsagen_spec, any_cuda_ops):
+    """The CUDA ops, for tests that pass no kv_scales: a ``scale.placement: separate`` spec is
+    skipped (its CUDA checks: test_verify_cuda and the GPU tests of test_separate.py)."""
+    if dsagen_spec.separate_scales:
+        pytest.skip("scale.placement separate: this test passes no kv_scales")
+    return any_cuda_ops
+
+
 def _inputs(spec, lens, next_n, gen, two_d=False):
-    cache, bt = make_cache(spec, lens, gen, "cuda")
+    cache, bt, _ = make_cache(spec, lens, gen, "cuda")
     B = len(lens)
     q = random_q(spec, B, next_n, gen, "cuda")
     w = torch.randn(B * next_n, spec.num_heads, generator=gen).cuda()
@@ -42,8 +51,8 @@ def _inputs(spec, lens, next_n, gen, two_d=False):
     return q, cache, w, cl.cuda(), bt
 
 
-def test_verify_cuda(dsagen_spec, cuda_ops, seed, repro):
-    rep = verify(dsagen_spec, cuda_ops, "cuda", seed=seed, quick=False, reruns=3)
+def test_verify_cuda(dsagen_spec, any_cuda_ops, seed, repro):
+    rep = verify(dsagen_spec, any_cuda_ops, "cuda", seed=seed, quick=False, reruns=3)
     assert rep.passed, f"{repro}\n{rep.table()}"
 
 

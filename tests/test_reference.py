@@ -39,6 +39,11 @@ SMALL_SPECS = {
                                 scale_block=16),
     # e4m3 with fp32 block scales
     "e4m3_fp32_block16": small(scale_block=16),
+    # scales in their own tensor kv_scales; kv_cache pages padded past the keys
+    "e4m3_separate_padded": small(scale_placement="separate", page_stride_bytes=144),
+    # FP4 keys, ue8m0 bytes per 16 elements in their own tensor
+    "e2m1_ue8m0_block16_separate": small(key_dtype="e2m1", scale_dtype="ue8m0", scale_rounding="pow2",
+                                         scale_block=16, scale_placement="separate"),
 }
 
 # E2M1 magnitudes by code, written out here (independent of dsagen.dtypes)
@@ -60,18 +65,27 @@ def rel_err(x, ref) -> float:
 # ---- naive, independent re-implementations ------------------------------------------------------
 
 def naive_addr(spec: Spec, slot: int) -> tuple[int, int]:
-    """(first key byte, first scale byte) of a slot, from the spec's fields alone."""
+    """(first key byte in kv_cache, first scale byte in the scales' tensor: kv_cache, or
+    kv_scales for separate placement) of a slot, from the spec's fields alone."""
     page, off = divmod(slot, spec.page_size)
     kb = spec.head_dim * spec.key.bits // 8
     sb = naive_scale_bytes(spec)
+    if spec.scale_placement == "separate":   # kv_scales: every token's scales back to back
+        stride = spec.page_stride_bytes or spec.page_size * kb
+        return page * stride + off * kb, slot * sb
     stride = spec.page_stride_bytes or spec.page_size * (kb + sb)
     if spec.scale_placement == "page_tail":
         return page * stride + off * kb, page * stride + spec.page_size * kb + off * sb
     return page * stride + off * (kb + sb), page * stride + off * (kb + sb) + kb
 
 
+def scale_home(cache: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+    """The tensor naive_addr's scale offsets index: kv_scales if given, else kv_cache."""
+    return cache if scales is None else scales
+
+
 def naive_scales(cache: torch.Tensor, spec: Spec, slot: int) -> list[float]:
-    """The scales of a slot, decoded from their bytes."""
+    """The scales of a slot, decoded from their bytes (``cache``: the scales' tensor)."""
     flat = cache.reshape(-1)
     _, s0 = naive_addr(spec, slot)
     n = spec.head_dim // spec.scale_block
@@ -80,10 +94,11 @@ def naive_scales(cache: torch.Tensor, spec: Spec, slot: int) -> list[float]:
     return [float(flat[s0 + 4 * i:s0 + 4 * i + 4].clone().view(torch.float32)) for i in range(n)]
 
 
-def naive_read(cache: torch.Tensor, spec: Spec, slot: int) -> tuple[torch.Tensor, float]:
+def naive_read(cache: torch.Tensor, spec: Spec, slot: int,
+               scales: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
     """(key of a slot as float64 [head_dim], the factor left to apply to its dot products).
     With one scale per token the key is the stored value and the factor its scale; with block
-    scales the key is dequantized here and the factor is 1."""
+    scales the key is dequantized here and the factor is 1. ``scales``: kv_scales (separate)."""
     flat = cache.reshape(-1)
     k0, _ = naive_addr(spec, slot)
     kb = spec.head_dim * spec.key.bits // 8
@@ -98,7 +113,7 @@ def naive_read(cache: torch.Tensor, spec: Spec, slot: int) -> tuple[torch.Tensor
         k = raw.view(spec.key.torch_dtype).double()
     if not spec.quantized:
         return k, 1.0
-    sc = naive_scales(cache, spec, slot)
+    sc = naive_scales(scale_home(cache, scales), spec, slot)
     if len(sc) == 1:
         return k, sc[0]
     return k * torch.tensor(sc, dtype=torch.float64).repeat_interleave(spec.scale_block), 1.0
@@ -111,7 +126,7 @@ def naive_visible(ctx: torch.Tensor, b: int, i: int, next_n: int, j: int) -> boo
     return j < c and j <= c - next_n + i
 
 
-def naive_logits(q, cache, w, ctx, bt, max_len, spec) -> torch.Tensor:
+def naive_logits(q, cache, w, ctx, bt, max_len, spec, scales=None) -> torch.Tensor:
     B, next_n, H, _ = q.shape
     out = torch.full((B * next_n, max_len), -math.inf, dtype=torch.float64)
     for b in range(B):
@@ -121,7 +136,7 @@ def naive_logits(q, cache, w, ctx, bt, max_len, spec) -> torch.Tensor:
                 if not naive_visible(ctx, b, i, next_n, j):
                     continue
                 slot = int(bt[b, j // spec.page_size]) * spec.page_size + j % spec.page_size
-                k, s = naive_read(cache, spec, slot)
+                k, s = naive_read(cache, spec, slot, scales)
                 acc = 0.0
                 for h in range(H):
                     acc += float(w[r, h]) * max(0.0, float(q[b, i, h].double() @ k))
@@ -165,7 +180,8 @@ CASES = [  # (context_lens, next_n, 2-D)
 def test_paged_logits_vs_triple_loop(name, ctx, next_n, two_d, gen, repro):
     spec = SMALL_SPECS[name]
     lens = [max(c) if two_d else c for c in ctx]
-    cache, bt = make_cache(spec, lens, gen, "cpu")
+    cache, bt, sc = make_cache(spec, lens, gen, "cpu")
+    assert (sc is None) == (spec.scale_placement != "separate")
     # one more block-table column (pointing at real pages) so columns past every length exist
     bt = torch.cat([bt, torch.randint(0, cache.shape[0], (bt.shape[0], 1), generator=gen,
                                       dtype=torch.int32)], 1)
@@ -174,27 +190,28 @@ def test_paged_logits_vs_triple_loop(name, ctx, next_n, two_d, gen, repro):
     w = torch.randn(B * next_n, spec.num_heads, generator=gen)
     cl = torch.tensor(ctx, dtype=torch.int32)
     max_len = max(lens) + 2
-    got = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64)
-    want = naive_logits(q, cache, w, cl, bt, max_len, spec)
+    got = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64, kv_scales=sc)
+    want = naive_logits(q, cache, w, cl, bt, max_len, spec, sc)
     assert got.dtype == torch.float64 and got.shape == (B * next_n, max_len)
     assert torch.equal(torch.isneginf(got), torch.isneginf(want)), repro
     valid = torch.isfinite(want)
     assert valid.any()
     assert rel_err(got[valid], want[valid]) < 1e-12, repro
     # float32 compute is the same to float32 rounding
-    got32 = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec)
+    got32 = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, kv_scales=sc)
     assert got32.dtype == torch.float32
     assert rel_err(got32[valid], want[valid]) < 1e-5, repro
 
 
-def test_fallback_matches_reference(gen, repro):
-    spec = small()
-    cache, bt = make_cache(spec, [13, 6], gen, "cpu")
-    q = torch.randn(2, 2, 8, 32, generator=gen).mul(4).to(torch.float8_e4m3fn)
+@pytest.mark.parametrize("name", ["e4m3_page_tail", "e4m3_separate_padded", "e2m1_ue8m0_block16_separate"])
+def test_fallback_matches_reference(name, gen, repro):
+    spec = SMALL_SPECS[name]
+    cache, bt, sc = make_cache(spec, [13, 6], gen, "cpu")
+    q = torch.randn(2, 2, 8, 32, generator=gen).mul(4).to(spec.query.torch_dtype)
     w = torch.randn(4, 8, generator=gen)
     cl = torch.tensor([13, 6], dtype=torch.int32)
-    ref = R.paged_logits(q, cache, w, cl, bt, 13, True, spec, compute_dtype=torch.float64)
-    fb = R.fallback_paged_logits(q, cache, w, cl, bt, 13, spec)
+    ref = R.paged_logits(q, cache, w, cl, bt, 13, True, spec, compute_dtype=torch.float64, kv_scales=sc)
+    fb = R.fallback_paged_logits(q, cache, w, cl, bt, 13, spec, kv_scales=sc)
     assert torch.equal(torch.isneginf(fb), torch.isneginf(ref))
     v = torch.isfinite(ref)
     assert rel_err(fb[v], ref[v]) < 2e-2, repro      # keys rounded to bf16 on the way
@@ -270,33 +287,42 @@ def test_store_writes_exactly_the_slot_bytes(name, gen, repro):
     spec = SMALL_SPECS[name]
     num_pages = 5
     cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=gen, dtype=torch.uint8)
+    sep = spec.scale_placement == "separate"
+    scales = (torch.randint(0, 256, (num_pages, spec.page_size * naive_scale_bytes(spec)), generator=gen,
+                            dtype=torch.uint8) if sep else None)
     before = cache.clone()
+    before_sc = None if scales is None else scales.clone()
     loc = torch.randperm(num_pages * spec.page_size, generator=gen)[:7]
     k = random_keys(7, spec.head_dim, gen, "cpu")
-    R.store(k, cache, loc, spec)
+    R.store(k, cache, loc, spec, kv_scales=scales)
     kq, sc = R.quantize(k, spec)
+    home = scale_home(cache, scales)
     touched = torch.zeros(cache.numel(), dtype=torch.bool)
+    s_touched = touched if not sep else torch.zeros(scales.numel(), dtype=torch.bool)
     flat = cache.reshape(-1)
     kb, sb = spec.key_bytes_per_token, naive_scale_bytes(spec)
     for t, slot in enumerate(loc.tolist()):
         k0, s0 = naive_addr(spec, slot)
-        k_read, factor = naive_read(cache, spec, slot)
+        k_read, factor = naive_read(cache, spec, slot, scales)
         if sc is None:
             assert torch.equal(k_read, kq[t].double()), repro
         else:   # what was quantized comes back, scales exactly
-            assert naive_scales(cache, spec, slot) == sc[t].tolist(), repro
+            assert naive_scales(home, spec, slot) == sc[t].tolist(), repro
             deq = kq[t].double() * sc[t].double().repeat_interleave(spec.scale_block)
             assert torch.equal(k_read * factor, deq), repro
         touched[k0:k0 + kb] = True
-        touched[s0:s0 + sb] = True
+        s_touched[s0:s0 + sb] = True
     assert torch.equal(flat[~touched], before.reshape(-1)[~touched]), "bytes of other slots changed"
+    if sep:
+        assert torch.equal(scales.reshape(-1)[~s_touched], before_sc.reshape(-1)[~s_touched]), \
+            "scale bytes of other slots changed"
     # and read_tokens / dequantize give back what was stored
-    rq, rs = R.read_tokens(cache, loc, spec)
+    rq, rs = R.read_tokens(cache, loc, spec, kv_scales=scales)
     assert torch.equal(rq.float(), kq.float())
     if sc is not None:
         assert torch.equal(rs, sc)
         deq = (kq.float().view(7, -1, spec.scale_block) * sc[..., None]).view(7, -1)
-        assert torch.equal(R.dequantize(cache, loc, spec), deq)
+        assert torch.equal(R.dequantize(cache, loc, spec, kv_scales=scales), deq)
 
 
 def test_fp32_scales_survive_store_and_read_exactly(gen):
@@ -314,23 +340,32 @@ def test_fp32_scales_survive_store_and_read_exactly(gen):
 
 
 class RefOps:
-    """The reference posing as generated ops of ``spec`` (to test the verifier itself)."""
+    """The reference posing as generated ops of ``spec`` (to test the verifier itself). Ops of a
+    layout whose scales are in kv_cache ignore a kv_scales tensor (as a kernel of that layout
+    would never look at it)."""
 
     def __init__(self, spec: Spec):
         self.spec = spec
 
-    def store(self, k, kv_cache, loc):
-        R.store(k, kv_cache, loc, self.spec)
+    def _own(self, kv_scales):
+        return kv_scales if self.spec.separate_scales else None
 
-    def paged_logits(self, q, kv_cache, w, cl, bt, max_len, clean_logits=True):
-        return R.paged_logits(q, kv_cache, w, cl, bt, max_len, clean_logits, self.spec)
+    def store(self, k, kv_cache, loc, kv_scales=None):
+        R.store(k, kv_cache, loc, self.spec, kv_scales=self._own(kv_scales))
+
+    def paged_logits(self, q, kv_cache, w, cl, bt, max_len, clean_logits=True, kv_scales=None):
+        return R.paged_logits(q, kv_cache, w, cl, bt, max_len, clean_logits, self.spec,
+                              kv_scales=self._own(kv_scales))
 
     def ragged_logits(self, q, k, k_scale, w, ks, ke, clean_logits=True):
         return R.ragged_logits(q, k, k_scale, w, ks, ke, clean_logits, self.spec)
 
 
-@pytest.mark.parametrize("change", [dict(scale_placement="interleaved"), dict(scale_rounding="pow2")],
-                         ids=["placement", "rounding"])
+# separate with kv_cache pages padded to page_tail's size: the same kv_cache shape, the keys at
+# the same offsets, and the page-tail scales land in the padding (so only the scales differ)
+@pytest.mark.parametrize("change", [dict(scale_placement="interleaved"), dict(scale_rounding="pow2"),
+                                    dict(scale_placement="separate", page_stride_bytes=64 * 36)],
+                         ids=["placement", "rounding", "separate"])
 def test_other_layout_is_caught(change, gen, seed):
     a = small(page_size=64)
     b = a.with_(**change)
@@ -341,7 +376,7 @@ def test_other_layout_is_caught(change, gen, seed):
     k = random_keys(16, 32, gen, "cpu")
     R.store(k, cache, loc, a)
     ka = R.dequantize(cache, loc, a)
-    kb = R.dequantize(cache, loc, b)
+    kb = R.dequantize(cache, loc, b, kv_scales=R.new_scales(b, 1))
     if "scale_placement" in change:
         assert not torch.equal(ka, kb)
     # the verifier passes ops that implement the layout and fails ops of another one

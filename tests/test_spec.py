@@ -40,6 +40,40 @@ def test_fp8_page_tail_layout():
             lay.scale_token_stride) == (64, 8448, 128, 8192, 4)
 
 
+def test_separate_placement_layout():
+    # scales in their own tensor: kv_cache holds 64 x 128 key bytes per page, kv_scales 64 fp32
+    # scales per page, token-major
+    s = dsagen.load_spec(FP8).with_(scale_placement="separate")
+    assert s.separate_scales and not dsagen.load_spec(FP8).separate_scales
+    assert (s.bytes_per_token, s.cache_bytes_per_token, s.page_bytes, s.scale_page_bytes) == (132, 128, 8192, 256)
+    lay = s.layout
+    assert (lay.page_size, lay.page_stride, lay.key_token_stride, lay.scale_base, lay.scale_token_stride,
+            lay.scale_page_stride) == (64, 8192, 128, 0, 4, 256)
+    assert s.summary() == ("fp8_e4m3_page64: 132 B/token, 8192 B/page of keys + 256 B/page of scales "
+                           "(kv_scales)")
+    assert s.key_align == 16
+    # padding applies to kv_cache's pages (keys only); scale pages are never padded
+    p = s.with_(page_stride_bytes=8208)
+    assert (p.page_bytes, p.scale_page_bytes, p.layout.scale_page_stride) == (8208, 256, 256)
+    with pytest.raises(SpecError) as ei:
+        s.with_(page_stride_bytes=8176)
+    assert ei.value.path == "page_stride_bytes" and "8192" in ei.value.message
+    # ue8m0 block scales: 4 bytes per token
+    u = s.with_(scale_dtype="ue8m0", scale_rounding="pow2", scale_block=32)
+    assert (u.scale_page_bytes, u.layout.scale_token_stride, u.page_bytes) == (256, 4, 8192)
+    # the other placements keep their scales in kv_cache
+    assert dsagen.load_spec(FP8).scale_page_bytes == 0
+    assert dsagen.load_spec(FP8).layout.scale_page_stride == 8448
+
+
+def test_separate_needs_a_scale():
+    d = yaml.safe_load(BF16.read_text())
+    d["scale"]["placement"] = "separate"
+    with pytest.raises(SpecError) as ei:
+        Spec.from_dict(d, source="x.yaml")
+    assert ei.value.path == "scale.placement" and "scale.dtype is none" in ei.value.message
+
+
 def test_spec_is_frozen_and_with_revalidates():
     s = dsagen.load_spec(FP8)
     with pytest.raises(Exception):
@@ -84,7 +118,6 @@ BAD = [
     ("scale none with e4m3", "scale.dtype", "none", "scale.dtype", "e4m3"),
     ("scale.block 24", "scale.block", 24, "scale.block", "24"),
     ("scale.block 512", "scale.block", 512, "scale.block", "512"),
-    ("placement separate", "scale.placement", "separate", "scale.placement", "not supported yet"),
     ("placement", "scale.placement", "page_head", "scale.placement", "page_head"),
     ("targets sm_90", "targets", ["sm_90"], "targets", "sm_90a"),
     ("targets sm_100", "targets", ["sm_100a", "sm_100"], "targets", "sm_100a"),

@@ -36,8 +36,9 @@ def valid_specs(draw, max_heads: int = 128):
         d["scale"] = {"dtype": sdt,
                       "rounding": "pow2" if sdt == "ue8m0" else draw(st.sampled_from(["none", "pow2"])),
                       "block": block,
-                      "placement": draw(st.sampled_from(["page_tail", "interleaved"]))}
-        scale_bytes = (head_dim // block) * (4 if sdt == "fp32" else 1)
+                      "placement": draw(st.sampled_from(["page_tail", "interleaved", "separate"]))}
+        if d["scale"]["placement"] != "separate":   # separate: kv_cache pages hold only keys
+            scale_bytes = (head_dim // block) * (4 if sdt == "fp32" else 1)
     else:
         d["scale"] = {"dtype": "none"}
     if draw(st.booleans()):
@@ -67,7 +68,7 @@ BAD = {
     "page_size": [0, 3, 48, 512, -64, 1.5],
     "key.dtype": ["int8", "fp8", "e5m2", None],
     "scale.rounding": ["floor", "ue8m0x"],
-    "scale.placement": ["separate_tensor", "tail", "separate"],
+    "scale.placement": ["separate_tensor", "tail", "Separate"],
     "scale.block": [0, 24, 8, 512],
     "logits.num_heads": [0, 7, 129, 136],
     "logits.next_n": [[0], [5], [], "two"],

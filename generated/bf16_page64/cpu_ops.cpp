@@ -42,7 +42,9 @@ static inline float head_sum(const float* q, const float* w, const float* key) {
   return acc;
 }
 
-void store_cpu(const at::Tensor& k_in, const at::Tensor& kv_cache, const at::Tensor& loc_in) {
+// kv_scales: the scales' own tensor (scale.placement separate); absent, the scales are in kv_cache.
+void store_cpu(const at::Tensor& k_in, const at::Tensor& kv_cache, const at::Tensor& loc_in,
+               const c10::optional<at::Tensor>& kv_scales) {
   at::Tensor k = k_in.to(at::kFloat).contiguous();
   at::Tensor loc = loc_in.to(at::kLong).contiguous();
   const float* kp = k.data_ptr<float>();
@@ -66,7 +68,7 @@ void store_cpu(const at::Tensor& k_in, const at::Tensor& kv_cache, const at::Ten
 at::Tensor paged_logits_cpu(const at::Tensor& q_in, const at::Tensor& kv_cache,
                             const at::Tensor& weights_in, const at::Tensor& context_lens_in,
                             const at::Tensor& block_table_in, int64_t max_context_len,
-                            bool clean_logits) {
+                            bool clean_logits, const c10::optional<at::Tensor>& kv_scales) {
   const int64_t B = q_in.size(0), next_n = q_in.size(1);
   at::Tensor q = q_in.to(at::kFloat).contiguous();          // exact: e4m3/bf16/fp16 -> fp32
   at::Tensor w = weights_in.to(at::kFloat).contiguous();

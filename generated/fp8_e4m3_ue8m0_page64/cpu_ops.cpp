@@ -42,12 +42,15 @@ static inline float head_sum(const float* q, const float* w, const float* key) {
   return acc;
 }
 
-void store_cpu(const at::Tensor& k_in, const at::Tensor& kv_cache, const at::Tensor& loc_in) {
+// kv_scales: the scales' own tensor (scale.placement separate); absent, the scales are in kv_cache.
+void store_cpu(const at::Tensor& k_in, const at::Tensor& kv_cache, const at::Tensor& loc_in,
+               const c10::optional<at::Tensor>& kv_scales) {
   at::Tensor k = k_in.to(at::kFloat).contiguous();
   at::Tensor loc = loc_in.to(at::kLong).contiguous();
   const float* kp = k.data_ptr<float>();
   const int64_t* lp = loc.data_ptr<int64_t>();
   uint8_t* kv = kv_cache.data_ptr<uint8_t>();
+  uint8_t* scales = kv_scales.has_value() ? kv_scales->data_ptr<uint8_t>() : kv;
   const int64_t n = k.size(0);
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -62,7 +65,7 @@ void store_cpu(const at::Tensor& k_in, const at::Tensor& kv_cache, const at::Ten
         float scale = amax / kKeyMax;
         if (kScalePow2) scale = pow2_ceil(scale);
         for (int d = 0; d < kScaleBlock; ++d) y[s * kScaleBlock + d] = xb[d] / scale;
-        store_scale(kv + scale_offset(lp[t]) + s * kScaleSize, scale);
+        store_scale(scales + scale_offset(lp[t]) + s * kScaleSize, scale);
       }
       for (int d = 0; d < kHeadDim; ++d) {
         const KeyT v(y[d]);
@@ -75,7 +78,7 @@ void store_cpu(const at::Tensor& k_in, const at::Tensor& kv_cache, const at::Ten
 at::Tensor paged_logits_cpu(const at::Tensor& q_in, const at::Tensor& kv_cache,
                             const at::Tensor& weights_in, const at::Tensor& context_lens_in,
                             const at::Tensor& block_table_in, int64_t max_context_len,
-                            bool clean_logits) {
+                            bool clean_logits, const c10::optional<at::Tensor>& kv_scales) {
   const int64_t B = q_in.size(0), next_n = q_in.size(1);
   at::Tensor q = q_in.to(at::kFloat).contiguous();          // exact: e4m3/bf16/fp16 -> fp32
   at::Tensor w = weights_in.to(at::kFloat).contiguous();
@@ -88,6 +91,7 @@ at::Tensor paged_logits_cpu(const at::Tensor& q_in, const at::Tensor& kv_cache,
   const int* clp = cl.data_ptr<int>();
   const int* btp = bt.data_ptr<int>();
   const uint8_t* kv = kv_cache.data_ptr<uint8_t>();
+  const uint8_t* scales = kv_scales.has_value() ? kv_scales->data_ptr<uint8_t>() : kv;
   float* op = out.data_ptr<float>();
   const int64_t bt_stride = bt.size(1);
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -111,7 +115,7 @@ at::Tensor paged_logits_cpu(const at::Tensor& q_in, const at::Tensor& kv_cache,
         }
         const int64_t slot = int64_t(btp[b * bt_stride + j / kPageSize]) * kPageSize + j % kPageSize;
         decode_row(kv + key_offset(slot), key);
-        const float kscale = load_scale(kv, slot, 0);
+        const float kscale = load_scale(scales, slot, 0);
         for (int64_t i = 0; i < next_n; ++i) {
           const int64_t r = b * next_n + i;
           const int64_t bound = ctx_2d ? clp[r] : std::min<int64_t>(clp[b], clp[b] - next_n + i + 1);

@@ -43,9 +43,10 @@ DSAGEN_HD int64_t scale_offset(int64_t slot) {
 }
 
 
-// Scale number s (of kScalesPerToken) of the token in `slot`, as a float.
-DSAGEN_HD float load_scale(const uint8_t* kv_cache, int64_t slot, int s) {
-  const uint8_t* p = kv_cache + scale_offset(slot) + s * kScaleSize;
+// Scale number s (of kScalesPerToken) of the token in `slot`, as a float. `scales`: the tensor
+// holding the scales (kv_cache, or kv_scales for scale.placement separate).
+DSAGEN_HD float load_scale(const uint8_t* scales, int64_t slot, int s) {
+  const uint8_t* p = scales + scale_offset(slot) + s * kScaleSize;
   if (kScaleUE8M0) return ldexpf(1.0f, int(p[0]) - 127);
   float v;
   memcpy(&v, p, sizeof(float));
