@@ -161,7 +161,7 @@ def fallback_peak_bytes(spec: Spec, B: int, next_n: int, max_context_len: int) -
     P = (max_context_len + ps - 1) // ps
     T = P * ps
     D, H = spec.head_dim, spec.num_heads
-    pages = B * P * spec.page_bytes
+    pages = B * P * (spec.page_bytes + spec.scale_page_bytes)
     keys = B * T * (spec.key_bytes_per_token + 4 + D * (2 + 4 + 2))
     scores = B * next_n * H * T * (2 + 4 + 4 + 4)
     out = B * next_n * T * 4 * 3
@@ -201,7 +201,7 @@ def _gen(device, seed: int) -> torch.Generator:
     return torch.Generator(device=torch.device(device)).manual_seed(seed)
 
 
-StoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+StoreFn = Callable[..., None]   # store(k, kv_cache, loc) or, separate specs, (k, kv_cache, loc, kv_scales)
 
 
 def make_logits_inputs(spec: Spec, store: StoreFn, context_lens: Sequence[int], next_n: int,
@@ -211,14 +211,16 @@ def make_logits_inputs(spec: Spec, store: StoreFn, context_lens: Sequence[int], 
 
     The cache is filled with random bytes, then every slot gets a stored random key through
     ``store(k, kv_cache, loc)`` (``ops.store`` on the GPU, in chunks of ``chunk_tokens``), so keys
-    and scales are valid and padding bytes are random. The block table (int32
+    and scales are valid and padding bytes are random. A ``separate`` spec gets a random
+    ``kv_scales`` too, and ``store(k, kv_cache, loc, kv_scales)``. The block table (int32
     ``[B, max_pages]``, ``max_pages`` padded to a multiple of ``pad_pages_to``) holds a random
     permutation of the pages; the columns past a request's length point at random real pages.
 
     Returns a dict with ``q [B, next_n, num_heads, head_dim]`` (key dtype; e4m3 q is
-    ``randn*8``), ``kv_cache`` uint8 ``[num_pages, page_bytes]``, ``weights`` fp32
+    ``randn*8``), ``kv_cache`` uint8 ``[num_pages, page_bytes]``, ``kv_scales`` (uint8
+    ``[num_pages, scale_page_bytes]`` for a separate spec, else None), ``weights`` fp32
     ``[B*next_n, num_heads]``, ``context_lens`` int32 ``[B]``, ``block_table``,
-    ``max_context_len`` (int), ``sum_context_lens`` (int), ``cache_bytes`` (int).
+    ``max_context_len`` (int), ``sum_context_lens`` (int), ``cache_bytes`` (int, scales included).
     """
     B, ps = len(context_lens), spec.page_size
     gcpu = torch.Generator().manual_seed(seed)
@@ -239,11 +241,14 @@ def make_logits_inputs(spec: Spec, store: StoreFn, context_lens: Sequence[int], 
     g = _gen(device, seed)
     cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=g, dtype=torch.uint8,
                           device=device)
+    scales = (torch.randint(0, 256, (num_pages, spec.scale_page_bytes), generator=g, dtype=torch.uint8,
+                            device=device) if spec.separate_scales else None)
     n_slots = num_pages * ps
     for s0 in range(0, n_slots, chunk_tokens):
         n = min(chunk_tokens, n_slots - s0)
         k = random_keys_on(n, spec.head_dim, g, device)
-        store(k, cache, torch.arange(s0, s0 + n, dtype=torch.int64, device=device))
+        store(k, cache, torch.arange(s0, s0 + n, dtype=torch.int64, device=device),
+              *(() if scales is None else (scales,)))
         del k
     q = torch.randn(B, next_n, spec.num_heads, spec.head_dim, generator=g, device=device)
     if spec.key_dtype == "e4m3":
@@ -251,30 +256,32 @@ def make_logits_inputs(spec: Spec, store: StoreFn, context_lens: Sequence[int], 
     q = q.to(spec.query.torch_dtype)
     w = torch.randn(B * next_n, spec.num_heads, generator=g, device=device)
     cl = torch.tensor([int(c) for c in context_lens], dtype=torch.int32, device=device)
-    return {"q": q, "kv_cache": cache, "weights": w, "context_lens": cl,
+    return {"q": q, "kv_cache": cache, "kv_scales": scales, "weights": w, "context_lens": cl,
             "block_table": bt.to(device), "max_context_len": int(max(context_lens)),
             "sum_context_lens": int(sum(int(c) for c in context_lens)),
-            "cache_bytes": num_pages * spec.page_bytes}
+            "cache_bytes": num_pages * (spec.page_bytes + spec.scale_page_bytes)}
 
 
 def make_store_inputs(spec: Spec, N: int, seed: int, device) -> dict[str, Any]:
     """One fresh random input set for ``store``: ``k`` bf16 ``[N, head_dim]``, ``kv_cache``
-    (random bytes, ``ceil(2N/page_size)+1`` pages) and ``loc`` int64 ``[N]`` random distinct
-    slots."""
+    (random bytes, ``ceil(2N/page_size)+1`` pages), ``kv_scales`` (random bytes, the same pages,
+    separate specs; else None) and ``loc`` int64 ``[N]`` random distinct slots."""
     g = _gen(device, seed)
     num_pages = math.ceil(2 * N / spec.page_size) + 1
     cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=g, dtype=torch.uint8,
                           device=device)
     loc = torch.randperm(num_pages * spec.page_size, generator=g, device=device)[:N].to(torch.int64)
     k = random_keys_on(N, spec.head_dim, g, device)
-    return {"k": k, "kv_cache": cache, "loc": loc.contiguous()}
+    scales = (torch.randint(0, 256, (num_pages, spec.scale_page_bytes), generator=g, dtype=torch.uint8,
+                            device=device) if spec.separate_scales else None)
+    return {"k": k, "kv_cache": cache, "kv_scales": scales, "loc": loc.contiguous()}
 
 
 def _logits_set_bytes(spec: Spec, B: int, next_n: int, context_lens: Sequence[int]) -> int:
     """Bytes one paged_logits input set occupies (what rotating it through the L2 is about)."""
     ps = spec.page_size
     pages = sum(max(1, math.ceil(int(c) / ps)) for c in context_lens)
-    return (pages * spec.page_bytes
+    return (pages * (spec.page_bytes + spec.scale_page_bytes)
             + paged_logits_bytes(spec, B, next_n, 0, max(int(c) for c in context_lens)))
 
 
@@ -685,11 +692,13 @@ class Bench:
                    sum_context_lens=sets[0]["sum_context_lens"])
         args = [(s["q"], s["kv_cache"], s["weights"], s["context_lens"], s["block_table"])
                 for s in sets]
+        # kv_scales only where the spec has them (the op refuses it otherwise)
+        skw = [{} if s["kv_scales"] is None else {"kv_scales": s["kv_scales"]} for s in sets]
         scrub = self._scrub_buffer(n * set_bytes)
         row["l2_scrub"] = scrub is not None
 
         def kernel(k):
-            return ops.paged_logits(*args[k], max_len, True)
+            return ops.paged_logits(*args[k], max_len, True, **skw[k])
 
         # bitwise determinism on set 0, and a first call before timing
         first = kernel(0)
@@ -709,7 +718,7 @@ class Bench:
             row["fallback_note"] = f"skipped: needs ~{peak / 1e9:.0f} GB"
         else:
             def fallback(k):
-                return R.fallback_paged_logits(*args[k], max_len, spec)
+                return R.fallback_paged_logits(*args[k], max_len, spec, **skw[k])
             try:
                 ref = fallback(0)
                 row["fallback_calc_diff"] = _calc_diff_valid(first, ref, sets[0], nn, max_len)
@@ -739,7 +748,7 @@ class Bench:
                 _free(self.device)
         elif self.deepgemm is None and deepgemm_applies(spec):
             row["deepgemm_note"] = "deep_gemm not importable"
-        del sets, args
+        del sets, args, skw
 
     # ---- ragged_logits (prefill) -----------------------------------------------------------
     def _ragged(self, ops, spec: Spec, shape: Shape, row: dict) -> None:
@@ -783,7 +792,8 @@ class Bench:
         n = num_sets(touched, self.l2_target, MIN_SETS, self.max_sets)
         sets = [make_store_inputs(spec, N, self.seed * 1000 + 31 * i + 7, self.device)
                 for i in range(n)]
-        alloc = sum(s["kv_cache"].numel() + s["k"].numel() * 2 + N * 8 for s in sets)
+        alloc = sum(s["kv_cache"].numel() + (0 if s["kv_scales"] is None else s["kv_scales"].numel())
+                    + s["k"].numel() * 2 + N * 8 for s in sets)
         self.log(f"  .. {spec.name} {shape.label()}: {n} input sets ({alloc / 1e6:.1f} MB)")
         row.update(n_sets=n, sets_mb=round(alloc / 1e6, 1))
         scrub = self._scrub_buffer(n * touched)
@@ -791,14 +801,14 @@ class Bench:
 
         def kernel(k):
             s = sets[k]
-            ops.store(s["k"], s["kv_cache"], s["loc"])
+            ops.store(s["k"], s["kv_cache"], s["loc"], *(() if s["kv_scales"] is None else (s["kv_scales"],)))
 
         t = self.timer.time(kernel, n, self.runs, self.warmup, scrub)
         self._fill_timing(row, t, store_bytes(spec, N))
 
         def fallback(k):
             s = sets[k]
-            R.store(s["k"], s["kv_cache"], s["loc"], spec)
+            R.store(s["k"], s["kv_cache"], s["loc"], spec, kv_scales=s["kv_scales"])
         try:
             ft = self.timer.time(fallback, n, self.fallback_runs, 2, scrub)
             row["fallback_us"] = _r(ft.us)

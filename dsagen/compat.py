@@ -21,9 +21,21 @@ _OPS = None
 
 
 def use_spec(spec) -> None:
-    """Back the entry points with another layout (a :class:`dsagen.Spec` or a YAML path)."""
+    """Back the entry points with another layout (a :class:`dsagen.Spec` or a YAML path).
+
+    Raises:
+        ValueError: a ``scale.placement: separate`` spec (DeepGEMM's ``kv_cache`` holds the
+            scales; its signature has no place for a second scale tensor: call
+            :meth:`dsagen.ops.Ops.paged_logits` with ``kv_scales`` instead).
+    """
     global _OPS
     from . import load
+    from .spec import Spec, load_spec
+    spec = spec if isinstance(spec, Spec) else load_spec(spec)
+    if spec.separate_scales:
+        raise ValueError(f"{spec.name}: scale.placement separate does not fit DeepGEMM's signature "
+                         "(its kv_cache holds the scales); use dsagen.load(spec).paged_logits(..., "
+                         "kv_scales=...)")
     _OPS = load(spec)
 
 

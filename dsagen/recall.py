@@ -397,8 +397,10 @@ def layout_logits(ops, spec: Spec, inp: Inputs, device="cpu", page_seed: int = 0
     total = P + (T if needles else 0)
     perm = torch.randperm(total, generator=torch.Generator().manual_seed(page_seed))
     cache = ops.new_cache(total, device=device)
+    # scale.placement separate: the scales' own tensor, passed to store and paged_logits
+    skw = {"kv_scales": ops.new_scales(total, device=device)} if spec.separate_scales else {}
     j = torch.arange(N)
-    ops.store(inp.k.to(device), cache, (perm[j // ps] * ps + j % ps).to(device))
+    ops.store(inp.k.to(device), cache, (perm[j // ps] * ps + j % ps).to(device), **skw)
     bt = perm[:P].to(torch.int32)[None, :].repeat(T, 1)
     if needles:
         o = torch.arange(ps)
@@ -408,7 +410,7 @@ def layout_logits(ops, spec: Spec, inp: Inputs, device="cpu", page_seed: int = 0
         keys[torch.arange(T), inp.needle_pos % ps] = inp.needle_k
         priv = perm[P:]
         slots = priv[:, None] * ps + o[None, :]
-        ops.store(keys[valid].to(device), cache, slots[valid].to(device))
+        ops.store(keys[valid].to(device), cache, slots[valid].to(device), **skw)
         bt[torch.arange(T), inp.needle_pos // ps] = priv.to(torch.int32)
     nn = 1 if 1 in spec.next_n else min(spec.next_n)
     q_in, w_in = quantize_queries(inp.q, inp.weights, spec)
@@ -418,7 +420,7 @@ def layout_logits(ops, spec: Spec, inp: Inputs, device="cpu", page_seed: int = 0
     if nn > 1:
         cl = cl[:, None].expand(T, nn).contiguous()
     out = ops.paged_logits(q_in.to(device), cache, w_in.to(device), cl.to(device),
-                           bt.to(device), N)
+                           bt.to(device), N, **skw)
     return out.view(T, nn, N)[:, 0].cpu()
 
 

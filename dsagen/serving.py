@@ -1,8 +1,9 @@
 """Serving-side helpers: a multi-layer indexer key pool and a deterministic top-k.
 
-``IndexerKCache`` holds every layer's pages in one allocation; each layer's view carries its own
-byte offset, so layer ``l`` reads its own keys and scales (a public bug had every layer > 0 read
-layer 0's scales, invisible until the context exceeded ``index_topk``).
+``IndexerKCache`` holds every layer's pages in one allocation (plus one for the scales of a
+``scale.placement: separate`` spec); each layer's view carries its own byte offset, so layer ``l``
+reads its own keys and scales (a public bug had every layer > 0 read layer 0's scales, invisible
+until the context exceeded ``index_topk``).
 """
 from __future__ import annotations
 
@@ -21,8 +22,12 @@ class IndexerKCache:
         spec: the layout (a :class:`dsagen.Spec` or a YAML path).
         num_layers, num_pages: pool size. Each layer starts on a 256-byte boundary (the sm_90a
             kernel's 16-byte cp.async loads need it; an unaligned layer would take the slow
-            portable kernel), so ``nbytes = num_layers * layer_stride`` with ``layer_stride =
-            num_pages * spec.page_bytes`` rounded up to a multiple of 256.
+            portable kernel), so ``pool`` has ``num_layers * layer_stride`` bytes with
+            ``layer_stride = num_pages * spec.page_bytes`` rounded up to a multiple of 256.
+            A ``separate`` spec has a second allocation ``scale_pool`` for the scales,
+            ``num_layers * scale_layer_stride`` bytes (``num_pages * spec.scale_page_bytes``
+            rounded up to 256), with per-layer views :meth:`layer_scales`; otherwise
+            ``scale_pool`` is None.
         device: where the pool lives; the generated ops are built for it on first use.
         ops: already loaded ops (default: ``dsagen.load(spec)``).
     """
@@ -37,10 +42,14 @@ class IndexerKCache:
         self.ops = ops if ops is not None else load(self.spec)
         self.layer_stride = -(-num_pages * self.spec.page_bytes // 256) * 256
         self.pool = torch.zeros(num_layers * self.layer_stride, dtype=torch.uint8, device=device)
+        self.scale_layer_stride = -(-num_pages * self.spec.scale_page_bytes // 256) * 256
+        self.scale_pool = (torch.zeros(num_layers * self.scale_layer_stride, dtype=torch.uint8, device=device)
+                           if self.spec.separate_scales else None)
 
     @property
     def nbytes(self) -> int:
-        return self.pool.numel()
+        """Bytes of the pool (and of the scale pool of a separate spec)."""
+        return self.pool.numel() + (0 if self.scale_pool is None else self.scale_pool.numel())
 
     @property
     def bytes_per_token(self) -> int:
@@ -54,16 +63,27 @@ class IndexerKCache:
         return self.pool[start:start + self.num_pages * self.spec.page_bytes].view(
             self.num_pages, self.spec.page_bytes)
 
+    def layer_scales(self, layer: int) -> torch.Tensor | None:
+        """uint8 ``[num_pages, scale_page_bytes]`` view of one layer's scales (contiguous, its own
+        offset in ``scale_pool``) for a ``separate`` spec; None for the other placements."""
+        if not 0 <= layer < self.num_layers:
+            raise IndexError(f"layer {layer} not in [0, {self.num_layers})")
+        if self.scale_pool is None:
+            return None
+        start = layer * self.scale_layer_stride
+        n = self.num_pages * self.spec.scale_page_bytes
+        return self.scale_pool[start:start + n].view(self.num_pages, self.spec.scale_page_bytes)
+
     def store(self, layer: int, k: torch.Tensor, loc: torch.Tensor) -> None:
         """Quantize ``k [N, head_dim]`` into slots ``loc [N]`` (int64) of ``layer``."""
-        self.ops.store(k, self.layer(layer), loc)
+        self.ops.store(k, self.layer(layer), loc, self.layer_scales(layer))
 
     def paged_logits(self, layer: int, q, weights, context_lens, block_table, max_context_len: int,
                      clean_logits: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode logits of ``layer`` (DeepGEMM ``fp8_paged_mqa_logits`` semantics; shapes as in
         :meth:`dsagen.ops.Ops.paged_logits`). ``out``, if given, receives the result."""
         res = self.ops.paged_logits(q, self.layer(layer), weights, context_lens, block_table,
-                                    max_context_len, clean_logits)
+                                    max_context_len, clean_logits, self.layer_scales(layer))
         if out is not None:
             out.copy_(res)
             return out
@@ -88,7 +108,7 @@ class IndexerKCache:
         slots = block_table.to(torch.int64)[b, j // ps] * ps + j % ps
         raw = R.read_key_bytes(self.layer(layer), slots, self.spec)
         k = raw if self.spec.key_dtype == "e2m1" else raw.view(self.spec.key.torch_dtype)
-        return k, R.read_scales(self.layer(layer), slots, self.spec)
+        return k, R.read_scales(self.layer(layer), slots, self.spec, self.layer_scales(layer))
 
     def ragged_logits(self, q, k, k_scale, weights, ks, ke, clean_logits: bool = True):
         """Prefill logits over keys from :meth:`gather`; see :meth:`dsagen.ops.Ops.ragged_logits`."""

@@ -10,11 +10,16 @@ import torch
 
 from dsagen import bench as Bn
 from dsagen import reference as R
-from dsagen.spec import load_spec, shipped_spec_paths
+from dsagen.spec import Spec, load_spec, shipped_spec_paths
+
+from conftest import VARIANTS
 
 SPECS = {p.stem: load_spec(p) for p in shipped_spec_paths()}
 FP8 = SPECS["fp8_e4m3_page64"]
 BF16 = SPECS["bf16_page64"]
+# scales in their own tensor (kv_scales): no shipped spec has them
+SEP = Spec.from_dict(VARIANTS["fp8_separate_page32"])
+WITH_SEP = {**SPECS, SEP.name: SEP}
 
 
 class RefOps:
@@ -23,13 +28,13 @@ class RefOps:
     def __init__(self, spec):
         self.spec = spec
 
-    def store(self, k, kv_cache, loc):
-        R.store(k, kv_cache, loc, self.spec)
+    def store(self, k, kv_cache, loc, kv_scales=None):
+        R.store(k, kv_cache, loc, self.spec, kv_scales=kv_scales)
 
     def paged_logits(self, q, kv_cache, weights, context_lens, block_table, max_context_len,
-                     clean_logits=True):
+                     clean_logits=True, kv_scales=None):
         return R.paged_logits(q, kv_cache, weights, context_lens, block_table, max_context_len,
-                              clean_logits, self.spec)
+                              clean_logits, self.spec, kv_scales=kv_scales)
 
     def ragged_logits(self, q, k, k_scale, weights, ks, ke, clean_logits=True):
         return R.ragged_logits(q, k, k_scale, weights, ks, ke, clean_logits, self.spec)
@@ -95,9 +100,9 @@ def test_deepgemm_applies():
     assert not Bn.deepgemm_applies(FP8.with_(page_size=32))
 
 
-@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("name", sorted(WITH_SEP))
 def test_make_logits_inputs_cpu(name):
-    spec = SPECS[name]
+    spec = WITH_SEP[name]
     lens = [100, 1, 64, 300]
     inp = Bn.make_logits_inputs(spec, RefOps(spec).store, lens, 2, seed=5, device="cpu",
                                 chunk_tokens=100)
@@ -112,14 +117,19 @@ def test_make_logits_inputs_cpu(name):
     used = torch.cat([bt[b, :n] for b, n in enumerate(pages)])
     assert sorted(used.tolist()) == list(range(sum(pages)))      # a permutation of the pages
     assert int(bt.min()) >= 0 and int(bt.max()) < sum(pages)
-    cache = inp["kv_cache"]
+    cache, scales = inp["kv_cache"], inp["kv_scales"]
     assert cache.shape == (sum(pages), spec.page_bytes) and cache.dtype == torch.uint8
+    if spec.separate_scales:
+        assert scales.shape == (sum(pages), spec.scale_page_bytes) and scales.dtype == torch.uint8
+    else:
+        assert scales is None
+    assert inp["cache_bytes"] == sum(pages) * (spec.page_bytes + spec.scale_page_bytes)
     assert inp["max_context_len"] == 300 and inp["sum_context_lens"] == sum(lens)
     # every slot holds a stored random key: finite, not zero, positive scales
     slots = torch.arange(sum(pages) * spec.page_size)
-    k = R.dequantize(cache, slots, spec)
+    k = R.dequantize(cache, slots, spec, kv_scales=scales)
     assert torch.isfinite(k).all() and (k.abs().amax(1) > 0).all()
-    kq, sc = R.read_tokens(cache, slots, spec)
+    kq, sc = R.read_tokens(cache, slots, spec, kv_scales=scales)
     if sc is not None:
         assert (sc > 0).all()
     assert float(inp["q"].float().abs().max()) > 0
@@ -133,6 +143,9 @@ def test_make_store_inputs_cpu():
     assert inp["k"].shape == (100, 128) and inp["k"].dtype == torch.bfloat16
     assert inp["loc"].dtype == torch.int64 and len(set(inp["loc"].tolist())) == 100
     assert int(inp["loc"].max()) < inp["kv_cache"].shape[0] * 64
+    assert inp["kv_scales"] is None
+    sep = Bn.make_store_inputs(SEP, 100, seed=1, device="cpu")
+    assert sep["kv_scales"].shape == (sep["kv_cache"].shape[0], SEP.scale_page_bytes)
 
 
 def test_bench_rows_cpu():
@@ -141,7 +154,7 @@ def test_bench_rows_cpu():
     b = Bn.Bench("cpu", Bn.HostTimer(), copy_GBps=100.0, runs=3, warmup=1, fallback_runs=2,
                  reruns=2, l2_target=1, max_sets=4, log=logs.append)
     rows = []
-    for spec in (FP8, BF16):
+    for spec in (FP8, BF16, SEP):
         ops = RefOps(spec)
         for shape in (Bn.Shape("paged_logits", B=2, next_n=2, ctx=130),
                       Bn.Shape("store", N=5)):
@@ -149,7 +162,7 @@ def test_bench_rows_cpu():
     assert logs and all(r["error"] is None for r in rows), [r["error"] for r in rows]
     json.dumps(rows)                                       # serialisable
     for r in rows:
-        spec = SPECS[r["spec"]]
+        spec = WITH_SEP[r["spec"]]
         assert r["us"] > 0 and r["runs"] == 3 and r["n_sets"] == 4
         if r["op"] == "paged_logits":
             assert r["bytes"] == Bn.paged_logits_bytes(spec, 2, 2, 260, 130)

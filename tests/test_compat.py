@@ -1,17 +1,21 @@
 """DeepGEMM-compatible entry points give the generated kernel's (and the reference's) results."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import dsagen.compat as dg
 from dsagen import reference as R
+from dsagen.spec import Spec
 from dsagen.verify import make_cache, random_q
+
+from conftest import VARIANTS
 
 
 def test_deepgemm_signature_matches_reference(gen):
     spec = dg._ops().spec
     lens = [300, 65, 1]
-    cache, bt = make_cache(spec, lens, gen, "cpu")
+    cache, bt, _ = make_cache(spec, lens, gen, "cpu")
     q = random_q(spec, 3, 2, gen, "cpu")
     w = torch.randn(6, spec.num_heads, generator=gen)
     cl = torch.tensor(lens, dtype=torch.int32)
@@ -36,3 +40,11 @@ def test_deepgemm_mqa_logits_signature(gen):
     v = torch.isfinite(ref)
     assert out.shape == (6, 40) and torch.equal(torch.isneginf(out), ~v)
     assert float((out[v].double() - ref[v]).norm() / ref[v].norm()) < 1e-4
+
+
+def test_separate_scales_are_refused():
+    """DeepGEMM's kv_cache holds the scales: a separate-scales spec cannot back its signature."""
+    before = dg._ops()
+    with pytest.raises(ValueError, match="separate"):
+        dg.use_spec(Spec.from_dict(VARIANTS["fp8_separate_page32"]))
+    assert dg._ops() is before

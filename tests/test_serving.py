@@ -14,9 +14,20 @@ def test_three_layer_pool_each_layer_reads_its_own_scales(dsagen_spec, dsagen_op
     lens = [700, 530]                       # longer than index_topk 512
     pages = [-(-n // ps) for n in lens]
     pool = IndexerKCache(spec, num_layers=3, num_pages=sum(pages) + 2, device=device, ops=dsagen_ops)
-    assert pool.nbytes == 3 * pool.layer_stride >= 3 * (sum(pages) + 2) * spec.page_bytes
+    assert pool.pool.numel() == 3 * pool.layer_stride >= 3 * (sum(pages) + 2) * spec.page_bytes
     assert pool.layer_stride % 256 == 0 and pool.layer_stride - (sum(pages) + 2) * spec.page_bytes < 256
     assert all(pool.layer(i).data_ptr() % 16 == 0 and pool.layer(i).is_contiguous() for i in range(3))
+    if spec.separate_scales:   # a second pool for the scales, one view per layer
+        sbytes = (sum(pages) + 2) * spec.scale_page_bytes
+        assert pool.scale_pool.numel() == 3 * pool.scale_layer_stride >= 3 * sbytes
+        assert pool.scale_layer_stride % 256 == 0 and pool.scale_layer_stride - sbytes < 256
+        assert pool.nbytes == 3 * (pool.layer_stride + pool.scale_layer_stride)
+        assert all(pool.layer_scales(i).shape == (sum(pages) + 2, spec.scale_page_bytes)
+                   and pool.layer_scales(i).data_ptr() % 16 == 0 and pool.layer_scales(i).is_contiguous()
+                   for i in range(3))
+    else:
+        assert pool.scale_pool is None and pool.layer_scales(0) is None
+        assert pool.nbytes == 3 * pool.layer_stride
     assert pool.bytes_per_token == spec.bytes_per_token
     perm = torch.randperm(sum(pages) + 2, generator=gen)[:sum(pages)].to(torch.int32)
     bt = torch.zeros(2, max(pages), dtype=torch.int32)
@@ -34,10 +45,13 @@ def test_three_layer_pool_each_layer_reads_its_own_scales(dsagen_spec, dsagen_op
     cl = torch.tensor(lens, dtype=torch.int32)
     outs = []
     for layer in range(3):
-        alone = R.new_cache(spec, sum(pages) + 2)
-        R.store(keys[layer], alone, slots, spec)
+        alone, alone_sc = R.new_cache(spec, sum(pages) + 2), R.new_scales(spec, sum(pages) + 2)
+        R.store(keys[layer], alone, slots, spec, kv_scales=alone_sc)
         assert torch.equal(pool.layer(layer).cpu(), alone)    # the layer holds exactly its keys
-        ref = R.paged_logits(q, alone, w, cl, bt, max(lens), True, spec, compute_dtype=torch.float64)
+        if alone_sc is not None:                              # and its scales
+            assert torch.equal(pool.layer_scales(layer).cpu(), alone_sc)
+        ref = R.paged_logits(q, alone, w, cl, bt, max(lens), True, spec, compute_dtype=torch.float64,
+                             kv_scales=alone_sc)
         got = pool.paged_logits(layer, *(t.to(device) for t in (q, w, cl, bt)), max(lens)).cpu()
         v = torch.isfinite(ref)
         assert torch.equal(torch.isneginf(got), ~v)
@@ -46,7 +60,8 @@ def test_three_layer_pool_each_layer_reads_its_own_scales(dsagen_spec, dsagen_op
         outs.append(got)
     assert not torch.equal(outs[0], outs[1])
     kq, sc = pool.gather(2, bt.to(device), torch.tensor([0, lens[0], lens[0] + lens[1]], device=device))
-    want_kq, want_sc = R.read_tokens(pool.layer(2).cpu(), slots, spec)
+    sc2 = pool.layer_scales(2)
+    want_kq, want_sc = R.read_tokens(pool.layer(2).cpu(), slots, spec, kv_scales=None if sc2 is None else sc2.cpu())
     assert torch.equal(R.decode_keys(kq.cpu(), spec), want_kq.float())
     assert (sc is None and want_sc is None) or torch.equal(sc.cpu(), want_sc)
 
@@ -79,7 +94,9 @@ def test_chunked_prefill_gather_then_ragged_logits(dsagen_spec, dsagen_ops, gen,
     out = pool.ragged_logits(*(t.to(device) for t in (q, k)), sc, *(t.to(device) for t in (w, ks, ke))).cpu()
     assert out.shape == (S, sum(lens)) and out.dtype == torch.float32
     # independent: float64 over the dequantized keys of the cached slots
-    deq = R.dequantize(pool.layer(1).cpu(), torch.cat(slots), spec).double()
+    sc1 = pool.layer_scales(1)
+    deq = R.dequantize(pool.layer(1).cpu(), torch.cat(slots), spec,
+                       kv_scales=None if sc1 is None else sc1.cpu()).double()
     s = torch.relu(torch.einsum("shd,nd->shn", q.double(), deq))
     want = (s * w.double()[:, :, None]).sum(1)
     n = torch.arange(sum(lens))
