@@ -86,6 +86,14 @@ VARIANTS = {
         key={"dtype": "e4m3"},
         scale={"dtype": "fp32", "block": 64, "placement": "page_tail"},
         logits={"num_heads": 16, "next_n": [2]}, targets=["sm_90a", "sm_100a"]),
+    # scales in their own tensor (scale.placement separate): e4m3 keys alone in kv_cache, 32-token
+    # pages padded from 4096 to 4160 bytes, fp32 per-token scales in kv_scales [pages, 128]; the
+    # portable CUDA kernel (never WGMMA), 16 heads, next_n 1 and 2
+    "fp8_separate_page32": dict(
+        name="t_fp8_separate_page32", head_dim=128, page_size=32, page_stride_bytes=4160,
+        key={"dtype": "e4m3"},
+        scale={"dtype": "fp32", "block": 128, "placement": "separate"},
+        logits={"num_heads": 16, "next_n": [1, 2]}, targets=["sm_90a", "sm_100a"]),
     # fp16 keys, head_dim 64, one token per page, 16 heads, next_n 2 and 4
     "fp16_d64_page1": dict(
         name="t_fp16_d64_page1", head_dim=64, page_size=1,

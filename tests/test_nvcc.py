@@ -56,17 +56,19 @@ _STUBS = {
 }
 
 
-@pytest.mark.parametrize("name", ["fp8_e4m3_page64", "bf16_page64", "fp4_e2m1_page64"])
+@pytest.mark.parametrize("name", ["fp8_e4m3_page64", "bf16_page64", "fp4_e2m1_page64", "fp8_separate_page32"])
 def test_cuda_bindings_compile(name, nvcc, tmp_path):
     """bindings.cpp as the CUDA build compiles it (DSAGEN_WITH_CUDA): the torch-op side of the
-    CUDA kernels, which no CPU build touches (a type error here once reached the GPU build)."""
+    CUDA kernels, which no CPU build touches (a type error here once reached the GPU build).
+    fp8_separate_page32 (a conftest variant): the kv_scales checks and launch arguments."""
     import shutil
     import subprocess
     from pathlib import Path
 
     import dsagen
     from torch.utils.cpp_extension import include_paths
-    from conftest import SPECS
+    from conftest import SPECS, VARIANTS
+    from dsagen.spec import Spec
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler")
@@ -76,7 +78,8 @@ def test_cuda_bindings_compile(name, nvcc, tmp_path):
         p.write_text("#pragma once\n" + text)
     src = tmp_path / "src"
     src.mkdir()
-    for f, text in render(dsagen.load_spec(SPECS[name])).items():
+    spec = dsagen.load_spec(SPECS[name]) if name in SPECS else Spec.from_dict(VARIANTS[name])
+    for f, text in render(spec).items():
         (src / f).write_text(text)
     import os
     homes = [Path(nvcc).parent.parent, Path(nvcc).resolve().parent.parent, Path("/usr/local/cuda")]
@@ -96,6 +99,9 @@ def test_wgmma_kernel_applies(shipped):
     assert wgmma_kernel_applies(fp8, 2) and wgmma_kernel_applies(shipped["fp8_e4m3_page1"], 1)
     assert not wgmma_kernel_applies(fp8, 2, {"kernel": "simt"})
     assert not wgmma_kernel_applies(shipped["fp4_e2m1_page64"], 1)
+    # scales in their own tensor: the WGMMA kernel reads them from kv_cache, so never it
+    assert not uses_wgmma(fp8.with_(scale_placement="separate"))
+    assert not wgmma_kernel_applies(fp8.with_(scale_placement="separate"), 1)
     big = fp8.with_(head_dim=256, scale_block=256, num_heads=128, next_n=[4])
     assert wgmma_smem_bytes(big, 4, 4) > 227 * 1024 and not wgmma_kernel_applies(big, 4)
     assert wgmma_kernel_applies(big, 1)
