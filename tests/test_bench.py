@@ -180,7 +180,8 @@ def test_bench_rows_cpu():
     r = b.bench(RefOps(FP8), FP8, Bn.Shape("ragged_logits", B=6, ctx=20))
     assert r["error"] is None, r["error"]
     assert r["flops"] == 2 * sum(20 - 6 + i + 1 for i in range(6)) * FP8.num_heads * FP8.head_dim
-    assert r["tflops"] == pytest.approx(r["flops"] / r["us"] / 1e6, rel=0.02)
+    # the row rounds TFLOP/s to 4 decimals: a slow host call (~24 ms seen) leaves 7e-5 -> 1e-4
+    assert r["tflops"] == pytest.approx(r["flops"] / r["us"] / 1e6, rel=0.02, abs=5e-5)
     assert r["matmul_tflops"] > 0 and r["pct_matmul"] == pytest.approx(100 * r["tflops"] / r["matmul_tflops"], rel=0.02)
     assert r["bitwise_20_reruns"] is True
     assert "TF/s" in Bn.format_header() and Bn.format_row(r)
