@@ -142,13 +142,15 @@ def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None 
 def default_tuning(spec: Spec) -> dict[str, Any]:
     """Tuning of the sm_90a kernels.
 
-    ``kernel``: ``ws`` (warp-specialized: a TMA producer warp feeding ``math_wgs`` WGMMA
-    warpgroups, ``ws_stages`` tiles in flight each; the default where :func:`uses_ws`),
+    ``kernel``: ``ws`` (warp-specialized: ``math_wgs`` WGMMA warpgroups, each fed by its own
+    TMA producer warp, ``ws_stages`` tiles in flight each; the default where :func:`uses_ws`),
     ``wgmma`` (one warpgroup per CTA that both copies with cp.async and computes, ``stages``
     tiles in flight; the other WGMMA layouts, and where ``ws`` does not fit in shared memory) or
     ``simt`` (the portable fp32 CUDA-core kernel everywhere). ``promote``: sum each WGMMA K step
     in fp32 on the CUDA cores; on for e4m3 because Hopper's fp8 tensor-core accumulator is not
     full fp32 (measured relative L2 error 1.2e-4..1.7e-4 without, 4.1e-5..4.6e-5 with, on the H200).
+    ``math_wgs``: 1 to 3. ``math: False`` (never a default) makes the ``ws`` kernel compute
+    nothing: a benchmark probe of its data path alone, whose results are wrong by design.
     """
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": spec.key_dtype == "e4m3",
             "kernel": "ws" if uses_ws(spec) else "wgmma",
@@ -193,6 +195,7 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "wgmma": uses_wgmma(spec) and tune["kernel"] in ("ws", "wgmma"),
         "ws_stages": {nn: ws_stages(spec, nn, tune) for nn in spec.next_n},
         "math_wgs": int(tune["math_wgs"]),
+        "ws_math": bool(tune.get("math", True)),
         "stages": int(tune["stages"]),
         "promote": bool(tune["promote"]) and spec.key_dtype == "e4m3",
         "k_step_bytes": 32,

@@ -548,16 +548,17 @@ template <> constexpr int kWsStagesFor<1> = 6;
 template <> constexpr int kWsStagesFor<2> = 6;
 
 // ------------------------------------------------------------------------------------------
-// Warp-specialized sm_90a kernel: one CTA per SM; warp 0 is the producer (TMA: a 3-D tensor
-// copy of each 64-token key tile, 128B-swizzled, a bulk copy of the tile's 64 scales, q and the
-// weights of each request), kMathWGs math warpgroups each own every kMathWGs-th tile of a
-// split of kMathWGs*64 tokens with STAGES tiles in flight (full/empty mbarriers per stage);
-// warps 1-3 write the -inf tail. The schedule splits the requests' splits over the grid on
+// Warp-specialized sm_90a kernel: one CTA per SM; kMathWGs math warpgroups each own every
+// kMathWGs-th 64-token tile of a split of kMathWGs*64 tokens with STAGES tiles in flight
+// (full/empty mbarriers per stage), each fed by its own producer warp of warpgroup 0 (TMA: a
+// 3-D tensor copy of each key tile, 128B-swizzled, and a bulk copy of its 64 scales; warp 0
+// also brings q and the weights of each request); the remaining warps write the -inf tail. The schedule splits the requests' splits over the grid on
 // the device (no host sync, no metadata launch).
 // ------------------------------------------------------------------------------------------
 constexpr int kMathWGs = 2;
 constexpr int kSplit = kMathWGs * kTile;                 // tokens per schedule unit
 constexpr int kWsThreads = 128 * (1 + kMathWGs);
+static_assert(kMathWGs >= 1 && kMathWGs <= 3, "warpgroup 0 holds one producer warp per math warpgroup and a tail warp");
 constexpr int kScaleTileBytes = kQuantized ? kTile * 4 : 0;
 static_assert(kPageSize % kTile == 0 && kKeyTokenStride % 16 == 0 && kPageStride % 16 == 0 &&
               (!kQuantized || (kScaleTokenStride == 4 && kScaleBase % 16 == 0)), "layout not addressable by TMA");
@@ -634,70 +635,71 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
   schedule<NEXT_N, kSplit, kWsThreads>(context_lens, ctx_2d, batch, max_len, lo, hi, first_b, first_split);
   // (schedule ends with __syncthreads: the barriers are initialized for every thread)
 
-  if (warp == 0) {
-    // ---- producer warp: lane 0 issues; the lanes hold 32 block-table entries at a time ------
+  if (warp < kMathWGs) {
+    // ---- producer warp w feeds math warpgroup w (the streams issue in parallel); warp 0 also
+    // loads q and the weights of each request. Lane 0 issues; the lanes hold 32 block-table
+    // entries at a time.
+    const int w = warp;
     if (lo < hi) {
       Cursor<NEXT_N, kSplit> cur{first_b, first_split, 0};
       cur.len = request_len<NEXT_N>(context_lens, ctx_2d, cur.b, max_len);
       int phase = -1, prev_b = -1;
       int win_base = 0, win = 0;                       // lane l: page of page index win_base + l
-      int count[kMathWGs];
-#pragma unroll
-      for (int w = 0; w < kMathWGs; ++w) count[w] = 0;
+      int stage = 0, use = 0;                          // next stage of warpgroup w and its use count
       for (int u = lo; u < hi; ++u) {
         const int b = cur.b;
         const int* bt = block_table + int64_t(b) * bt_stride;
         if (b != prev_b) {
           ++phase;
           const int slot = phase & 1;
-          if (phase >= 2) mbar_wait(q_empty + slot, ((phase >> 1) - 1) & 1);
-          if (lane == 0) {
-            mbar_expect_tx(q_full + slot, kQBytes + N * 4);
+          if (w == 0) {
+            if (phase >= 2) mbar_wait(q_empty + slot, ((phase >> 1) - 1) & 1);
+            if (lane == 0) {
+              mbar_expect_tx(q_full + slot, kQBytes + N * 4);
 #pragma unroll
-            for (int kc = 0; kc < kRowBytes / 128; ++kc)
+              for (int kc = 0; kc < kRowBytes / 128; ++kc)
 #pragma unroll
-              for (int i = 0; i < NEXT_N; ++i)
-                tma_load_2d(sq + slot * kQBytes + kc * N * 128 + i * kNumHeads * 128, &q_map, q_full + slot,
-                            kc * 128, (b * NEXT_N + i) * kNumHeads);
-            bulk_load(sw + slot * N, weights + int64_t(b) * N, N * 4, q_full + slot);
+                for (int i = 0; i < NEXT_N; ++i)
+                  tma_load_2d(sq + slot * kQBytes + kc * N * 128 + i * kNumHeads * 128, &q_map, q_full + slot,
+                              kc * 128, (b * NEXT_N + i) * kNumHeads);
+              bulk_load(sw + slot * N, weights + int64_t(b) * N, N * 4, q_full + slot);
+            }
           }
           prev_b = b;
           win_base = -(1 << 30);
         }
-#pragma unroll
-        for (int w = 0; w < kMathWGs; ++w) {
-          const int tile = cur.unit * kMathWGs + w;
-          if (tile * kTile < cur.len) {
-            const int pidx = tile * kTile / kPageSize;
-            if (pidx >= win_base + 32 || pidx < win_base) {
-              win_base = pidx;
-              win = (pidx + lane) * kPageSize < cur.len ? __ldg(bt + pidx + lane) : 0;
-            }
-            const int page = __shfl_sync(0xffffffffu, win, pidx - win_base);
-            const int stage = count[w] % STAGES, use = count[w] / STAGES;
-            uint64_t* fb = full + w * STAGES + stage;
-            if (use >= 1) mbar_wait(empty + w * STAGES + stage, (use - 1) & 1);
-            if (lane == 0) {
-              mbar_expect_tx(fb, kTileBytes + kScaleTileBytes);
-              uint8_t* dst = sk + (w * STAGES + stage) * kTileBytes;
-#pragma unroll
-              for (int kc = 0; kc < kRowBytes / 128; ++kc)
-                tma_load_3d(dst + kc * kTile * 128, &kv_map, fb, kc * 128, tile * kTile % kPageSize, page);
-              if (kQuantized)
-                bulk_load(sscale + (w * STAGES + stage) * kTile,
-                          kv_cache + int64_t(page) * kPageStride + kScaleBase + (tile * kTile % kPageSize) * 4,
-                          kScaleTileBytes, fb);
-            }
-            ++count[w];
+        const int tile = cur.unit * kMathWGs + w;
+        if (tile * kTile < cur.len) {
+          const int pidx = tile * kTile / kPageSize;
+          if (pidx >= win_base + 32 || pidx < win_base) {
+            win_base = pidx;
+            win = (pidx + lane) * kPageSize < cur.len ? __ldg(bt + pidx + lane) : 0;
           }
+          const int page = __shfl_sync(0xffffffffu, win, pidx - win_base);
+          const int t = w * STAGES + stage;
+          if (use >= 1) mbar_wait(empty + t, (use - 1) & 1);
+          if (lane == 0) {
+            mbar_expect_tx(full + t, kTileBytes + kScaleTileBytes);
+            uint8_t* dst = sk + t * kTileBytes;
+#pragma unroll
+            for (int kc = 0; kc < kRowBytes / 128; ++kc)
+              tma_load_3d(dst + kc * kTile * 128, &kv_map, full + t, kc * 128, tile * kTile % kPageSize, page);
+            if (kQuantized)
+              bulk_load(sscale + t * kTile,
+                        kv_cache + int64_t(page) * kPageStride + kScaleBase + (tile * kTile % kPageSize) * 4,
+                        kScaleTileBytes, full + t);
+          }
+          if (++stage == STAGES) { stage = 0; ++use; }
         }
         __syncwarp();
         cur.advance(context_lens, ctx_2d, batch, max_len);
       }
     }
   } else if (warp < 4) {
-    // ---- warps 1-3: the -inf tail ------------------------------------------------------------
-    if (clean_logits) fill_tail<NEXT_N>(context_lens, ctx_2d, batch, max_len, logits, max_context_len, tid - 32, 96);
+    // ---- the other warps of warpgroup 0: the -inf tail ---------------------------------------
+    if (clean_logits)
+      fill_tail<NEXT_N>(context_lens, ctx_2d, batch, max_len, logits, max_context_len, tid - 32 * kMathWGs,
+                        128 - 32 * kMathWGs);
   } else if (lo < hi) {
     // ---- math warpgroup w: tile w of every split -----------------------------------------------
     const int w = warp / 4 - 1, wlane = tid & 127;
