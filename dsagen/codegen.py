@@ -154,7 +154,7 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     """
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": spec.key_dtype == "e4m3",
             "kernel": "ws" if uses_ws(spec) else "wgmma",
-            "math_wgs": 2, "ws_stages": 6 if spec.key.bits == 8 else 4}
+            "math_wgs": 3 if spec.key.bits == 8 else 2, "ws_stages": 4}
 
 
 def _mma_op(spec: Spec):
