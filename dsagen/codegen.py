@@ -149,12 +149,14 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     ``simt`` (the portable fp32 CUDA-core kernel everywhere). ``promote``: sum each WGMMA K step
     in fp32 on the CUDA cores; on for e4m3 because Hopper's fp8 tensor-core accumulator is not
     full fp32 (measured relative L2 error 1.2e-4..1.7e-4 without, 4.1e-5..4.6e-5 with, on the H200).
-    ``math_wgs``: 1 to 3. ``math: False`` (never a default) makes the ``ws`` kernel compute
-    nothing: a benchmark probe of its data path alone, whose results are wrong by design.
+    ``math_wgs``: 1 to 3 (3 for 8-bit keys with up to 64 heads, else 2). ``math: False``
+    (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe of its data
+    path alone, whose results are wrong by design.
     """
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": spec.key_dtype == "e4m3",
             "kernel": "ws" if uses_ws(spec) else "wgmma",
-            "math_wgs": 3 if spec.key.bits == 8 else 2, "ws_stages": 4}
+            # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 fp8 heads
+            "math_wgs": 3 if spec.key.bits == 8 and spec.num_heads <= 64 else 2, "ws_stages": 4}
 
 
 def _mma_op(spec: Spec):
