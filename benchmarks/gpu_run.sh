@@ -2,7 +2,7 @@
 # One device call: install, build + verify both shipped specs on the GPU, GPU tests, timing.
 # Usage on the device machine: bash benchmarks/gpu_run.sh [steps...]
 #   steps: precompile compile (SPECS, default all; COMPILE_ARGS) variants (VARIANT_SPECS) tests gputests quick bench benchall
-#          doctor startup
+#          doctor startup compat recall; TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CXX=/usr/bin/g++ DSAGEN_CACHE_DIR=/tmp/dsagen-cache
@@ -26,6 +26,9 @@ for s in $steps; do
     doctor) python3 -m dsagen.cli doctor 2>&1 | tee $OUT/doctor.log ;;
     startup) python3 benchmarks/startup.py ${SPECS:-specs/*.yaml} --runs ${STARTUP_RUNS:-5} ${STARTUP_ARGS:-} --json $OUT/startup.json 2>&1 | tee $OUT/startup.log ;;
     benchall) DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json python3 -m dsagen.cli bench ${SPECS:-specs/*.yaml} --json $OUT/h200.json 2>&1 | tee $OUT/bench.log ;;
+    compat) timeout ${COMPAT_TIMEOUT:-300} python3 -m pytest -q -rs tests/test_compat.py 2>&1 | tee $OUT/compat.log ;;
+    recall) timeout ${RECALL_TIMEOUT:-400} python3 -m dsagen.cli recall specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml \
+              --device cuda --out $OUT/recall 2>&1 | tee $OUT/recall.log ;;
     tests) python3 -m pytest -q tests 2>&1 | tee $OUT/tests.log ;;
     gputests) python3 -m pytest -q -rs -m gpu tests/ 2>&1 | tee $OUT/tests_gpu.log ;;
     quick) python3 benchmarks/quick_time.py specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml 2>&1 | tee $OUT/quick.log ;;
@@ -33,10 +36,10 @@ for s in $steps; do
   esac
 done
 if [ -n "${TUNE_FP8:-}" ]; then
-  (cd benchmarks && python3 tune.py ../specs/fp8_e4m3_page64.yaml $TUNE_FP8) 2>&1 | tee $OUT/tune_fp8.log
+  (cd benchmarks && eval timeout ${TUNE_TIMEOUT:-300} python3 tune.py ../specs/fp8_e4m3_page64.yaml $TUNE_FP8) 2>&1 | tee $OUT/tune_fp8.log
 fi
 if [ -n "${TUNE_BF16:-}" ]; then
-  (cd benchmarks && python3 tune.py ../specs/bf16_page64.yaml $TUNE_BF16) 2>&1 | tee $OUT/tune_bf16.log
+  (cd benchmarks && eval timeout ${TUNE_TIMEOUT:-300} python3 tune.py ../specs/bf16_page64.yaml $TUNE_BF16) 2>&1 | tee $OUT/tune_bf16.log
 fi
 if [ -n "${PROFILE:-}" ]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)

@@ -1,4 +1,5 @@
 """Quick paged-logits timing used while developing the kernel (the full harness is dsagen bench)."""
+import os
 import sys
 import time
 
@@ -44,7 +45,9 @@ def decode_inputs(ops, spec, B, next_n, ctx, g, device="cuda"):
     cache = ops.new_cache(B * P, device)
     ops.store(random_keys(B * P * spec.page_size, spec.head_dim, g, device), cache,
               torch.arange(B * P * spec.page_size, device=device))
-    bt = torch.randperm(B * P, device=device).to(torch.int32).view(B, P)
+    # DSAGEN_SEQ_PAGES=1 (a diagnosis aid): request b owns pages b*P .. b*P+P-1 in order
+    perm = torch.arange(B * P, device=device) if os.environ.get("DSAGEN_SEQ_PAGES") else torch.randperm(B * P, device=device)
+    bt = perm.to(torch.int32).view(B, P)
     q = (torch.randn(B, next_n, spec.num_heads, spec.head_dim, device=device) * 4).to(spec.query.torch_dtype)
     w = torch.randn(B * next_n, spec.num_heads, device=device)
     cl = torch.full((B,), ctx, dtype=torch.int32, device=device)

@@ -582,6 +582,11 @@ def _r(x: float | None, nd: int = 2) -> float | None:
     return None if x is None else round(float(x), nd)
 
 
+def _sig(x: float, digits: int = 4) -> float:
+    """``x`` rounded to ``digits`` significant digits (rates span 1e-5 on a CPU to 1e3 TFLOP/s)."""
+    return float(f"{float(x):.{digits}g}")
+
+
 def _short(e: BaseException) -> str:
     s = str(e).strip().splitlines()
     return f"{type(e).__name__}: {s[0] if s else ''}"[:300]
@@ -777,11 +782,11 @@ class Bench:
         t = self.timer.time(kernel, 1, self.runs, self.warmup, None)
         nbytes = N * spec.bytes_per_token + S * H * (D * spec.query.bits // 8 + 4) + S * N * 4
         self._fill_timing(row, t, nbytes)
-        row["tflops"] = _r(flops / t.us / 1e6, 4)
+        row["tflops"] = _sig(flops / t.us / 1e6)
         a = torch.randn(S * H, D, generator=gen, device=self.device).to(torch.bfloat16)
         b = torch.randn(D, N, generator=gen, device=self.device).to(torch.bfloat16)
         mt = self.timer.time(lambda _: a @ b, 1, max(3, self.runs // 5), 2, None)
-        row["matmul_tflops"] = _r(2 * S * H * D * N / mt.us / 1e6, 4)
+        row["matmul_tflops"] = _sig(2 * S * H * D * N / mt.us / 1e6)
         row["matmul_note"] = "dense bf16 [S*H, D] x [D, N], same run"
         row["pct_matmul"] = _r(100.0 * row["tflops"] / row["matmul_tflops"]) if row["matmul_tflops"] else None
 

@@ -96,25 +96,68 @@ def wgmma_smem_bytes(spec: Spec, next_n: int, stages: int) -> int:
     return 1024 + stages * 64 * row + 2 * n * row + stages * 64 * 4 + 2 * n * 4
 
 
-def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> bool:
-    """Whether paged logits of ``spec`` at ``next_n`` run on the WGMMA kernel on an sm_90 device
-    (with 16-byte aligned q and weights, as every fresh allocation is): the layout allows it, the
-    tuning selects it and its shared memory fits in 227 KiB; otherwise the CUDA-core kernel runs."""
+def uses_ws(spec: Spec) -> bool:
+    """Whether the warp-specialized TMA kernel (``paged_logits_ws``) applies to this layout: a
+    WGMMA layout whose key rows and pages TMA can address (16-byte strides), 64-token tiles that
+    lie inside one page (page_size a multiple of 64), and, when quantized, one fp32 scale per
+    token stored contiguously at a 16-byte aligned page tail (a tile's 64 scales are one bulk copy)."""
+    lay = spec.layout
+    return (uses_wgmma(spec) and spec.page_size % 64 == 0
+            and lay.key_token_stride % 16 == 0 and lay.page_stride % 16 == 0
+            and (not spec.quantized or (lay.scale_token_stride == 4 and lay.scale_base % 16 == 0)))
+
+
+def ws_smem_bytes(spec: Spec, next_n: int, math_wgs: int, stages: int) -> int:
+    """Dynamic shared memory of ``paged_logits_ws``: alignment slack, ``math_wgs * stages`` key
+    tiles and their scales, two q and weight buffers, the mbarriers (the template lays it out
+    in the same order)."""
+    row, n, tiles = spec.key_bytes_per_token, next_n * spec.num_heads, math_wgs * stages
+    return 1024 + tiles * 64 * row + 2 * n * row + tiles * 64 * 4 + 2 * n * 4 + (2 * tiles + 4) * 8
+
+
+def ws_stages(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> int:
+    """Key tiles in flight per math warpgroup of ``paged_logits_ws`` at ``next_n``: the tuning's
+    ``ws_stages``, fewer where shared memory (227 KiB) is short; 0 where the kernel does not
+    apply (layout, tuning, or fewer than 2 stages fit)."""
     tune = {**default_tuning(spec), **(tuning or {})}
-    return (uses_wgmma(spec) and tune["kernel"] == "wgmma"
-            and wgmma_smem_bytes(spec, next_n, int(tune["stages"])) <= 227 * 1024)
+    if tune["kernel"] != "ws" or not uses_ws(spec):
+        return 0
+    s = int(tune["ws_stages"])
+    while s >= 2 and ws_smem_bytes(spec, next_n, int(tune["math_wgs"]), s) > 227 * 1024:
+        s -= 1
+    return s if s >= 2 else 0
+
+
+def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> bool:
+    """Whether paged logits of ``spec`` at ``next_n`` run on a tensor-core (WGMMA) kernel on an
+    sm_90 device (with 16-byte aligned q, weights and kv_cache, as every fresh allocation is):
+    the layout allows it, the tuning selects it (``ws`` or ``wgmma``) and its shared memory fits
+    in 227 KiB; otherwise the CUDA-core kernel runs."""
+    tune = {**default_tuning(spec), **(tuning or {})}
+    if not uses_wgmma(spec) or tune["kernel"] not in ("ws", "wgmma"):
+        return False
+    return (ws_stages(spec, next_n, tune) > 0
+            or wgmma_smem_bytes(spec, next_n, int(tune["stages"])) <= 227 * 1024)
 
 
 def default_tuning(spec: Spec) -> dict[str, Any]:
-    """Tuning of the sm_90a kernel.
+    """Tuning of the sm_90a kernels.
 
-    ``kernel``: ``wgmma`` (tensor cores, sm_90a) or ``simt`` (the portable fp32 CUDA-core kernel
-    everywhere). ``stages``: 64-token tiles in flight per CTA. ``promote``: sum each WGMMA K step in fp32 on
-    the CUDA cores; on for e4m3 because Hopper's fp8 tensor-core accumulator is not full fp32
-    (measured relative L2 error 1.2e-4..1.7e-4 without, 4.1e-5..4.6e-5 with, on the H200).
+    ``kernel``: ``ws`` (warp-specialized: ``math_wgs`` WGMMA warpgroups, each fed by its own
+    TMA producer warp, ``ws_stages`` tiles in flight each; the default where :func:`uses_ws`),
+    ``wgmma`` (one warpgroup per CTA that both copies with cp.async and computes, ``stages``
+    tiles in flight; the other WGMMA layouts, and where ``ws`` does not fit in shared memory) or
+    ``simt`` (the portable fp32 CUDA-core kernel everywhere). ``promote``: sum each WGMMA K step
+    in fp32 on the CUDA cores; on for e4m3 because Hopper's fp8 tensor-core accumulator is not
+    full fp32 (measured relative L2 error 1.2e-4..1.7e-4 without, 4.1e-5..4.6e-5 with, on the H200).
+    ``math_wgs``: 1 to 3 (3 for 8-bit keys with up to 64 heads, else 2). ``math: False``
+    (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe of its data
+    path alone, whose results are wrong by design.
     """
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": spec.key_dtype == "e4m3",
-            "kernel": "wgmma"}
+            "kernel": "ws" if uses_ws(spec) else "wgmma",
+            # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 fp8 heads
+            "math_wgs": 3 if spec.key.bits == 8 and spec.num_heads <= 64 else 2, "ws_stages": 4}
 
 
 def _mma_op(spec: Spec):
@@ -152,7 +195,10 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "q_scalar": spec.query.aten,
         "q_dtype_name": f"torch.{spec.query.torch_name}",
         "store_vec": math.gcd(lane_bytes, spec.key_align),
-        "wgmma": uses_wgmma(spec) and tune["kernel"] == "wgmma",
+        "wgmma": uses_wgmma(spec) and tune["kernel"] in ("ws", "wgmma"),
+        "ws_stages": {nn: ws_stages(spec, nn, tune) for nn in spec.next_n},
+        "math_wgs": int(tune["math_wgs"]),
+        "ws_math": bool(tune.get("math", True)),
         "stages": int(tune["stages"]),
         "promote": bool(tune["promote"]) and spec.key_dtype == "e4m3",
         "k_step_bytes": 32,

@@ -104,7 +104,9 @@ class Ops:
             context_lens: int32 ``[B]`` or ``[B, next_n]``.
             block_table: int32 ``[B, max_pages]``.
             max_context_len: columns of the result.
-            clean_logits: write ``-inf`` where a key is not visible.
+            clean_logits: write ``-inf`` where a key is not visible; without it those entries are
+                unspecified (DeepGEMM's rule) and may be non-finite (the sm_90a TMA kernel scores
+                whole 64-token tiles, including stale rows of a request's last page).
             kv_scales: ``separate`` specs: uint8 ``[num_pages, spec.scale_page_bytes]``; None
                 for the other placements.
         Returns:

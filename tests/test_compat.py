@@ -1,4 +1,5 @@
-"""DeepGEMM-compatible entry points give the generated kernel's (and the reference's) results."""
+"""DeepGEMM-compatible entry points give the generated kernel's (and the reference's) results,
+on the CPU backend and, with a GPU, on the CUDA kernels (the fp8 tensor-core kernel on sm_90)."""
 from __future__ import annotations
 
 import pytest
@@ -7,36 +8,54 @@ import torch
 import dsagen.compat as dg
 from dsagen import reference as R
 from dsagen.spec import Spec
-from dsagen.verify import make_cache, random_q
+from dsagen.verify import logits_tolerance, make_cache, random_q
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 from conftest import VARIANTS
 
 
-def test_deepgemm_signature_matches_reference(gen):
+def _need(device: str) -> None:
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deepgemm_signature_matches_reference(gen, device):
+    _need(device)
     spec = dg._ops().spec
     lens = [300, 65, 1]
-    cache, bt, _ = make_cache(spec, lens, gen, "cpu")
-    q = random_q(spec, 3, 2, gen, "cpu")
-    w = torch.randn(6, spec.num_heads, generator=gen)
-    cl = torch.tensor(lens, dtype=torch.int32)
+    cache, bt, _ = make_cache(spec, lens, gen, device)
+    q = random_q(spec, 3, 2, gen, device)
+    w = torch.randn(6, spec.num_heads, generator=gen).to(device)
+    cl = torch.tensor(lens, dtype=torch.int32, device=device)
     meta = dg.get_paged_mqa_logits_metadata(cl, spec.page_size, 132)
-    assert meta.shape == (133, 2) and meta.dtype == torch.int32
+    assert meta.shape == (133, 2) and meta.dtype == torch.int32 and meta.device == cl.device
     view = cache.view(cache.shape[0], spec.page_size, 1, spec.bytes_per_token)   # DeepGEMM's view
     out = dg.fp8_paged_mqa_logits(q, view, w, cl, bt, meta, 300, clean_logits=True)
-    ref = R.paged_logits(q, cache, w, cl, bt, 300, True, spec, compute_dtype=torch.float64)
+    assert out.device == cache.device and out.shape == (6, 300)
+    out = out.cpu()
+    ref = R.paged_logits(q.cpu(), cache.cpu(), w.cpu(), cl.cpu(), bt.cpu(), 300, True, spec,
+                         compute_dtype=torch.float64)
     v = torch.isfinite(ref)
     assert torch.equal(torch.isneginf(out), ~v)
-    assert float((out[v].double() - ref[v]).norm() / ref[v].norm()) < 1e-4
+    rel_tol, _ = logits_tolerance(spec, device, 2, dg._ops().tuning)
+    assert float((out[v].double() - ref[v]).norm() / ref[v].norm()) < rel_tol
 
 
-def test_deepgemm_mqa_logits_signature(gen):
+@pytest.mark.parametrize("device", DEVICES)
+def test_deepgemm_mqa_logits_signature(gen, device):
     from dsagen.verify import ragged_inputs
+    _need(device)
     spec = dg._ops().spec
-    q, k, sc, w = ragged_inputs(spec, 6, 40, gen, "cpu")
-    ks = torch.tensor([0, 0, 5, 10, 20, 39], dtype=torch.int32)
-    ke = torch.tensor([1, 40, 25, 10, 40, 40], dtype=torch.int32)
+    q, k, sc, w = ragged_inputs(spec, 6, 40, gen, device)
+    ks = torch.tensor([0, 0, 5, 10, 20, 39], dtype=torch.int32, device=device)
+    ke = torch.tensor([1, 40, 25, 10, 40, 40], dtype=torch.int32, device=device)
     out = dg.fp8_mqa_logits(q, (k, sc), w, ks, ke)
-    ref = R.ragged_logits(q, k, sc, w, ks, ke, True, spec, compute_dtype=torch.float64)
+    assert out.device == q.device
+    out = out.cpu()
+    ref = R.ragged_logits(q.cpu(), k.cpu(), sc.cpu(), w.cpu(), ks.cpu(), ke.cpu(), True, spec,
+                          compute_dtype=torch.float64)
     v = torch.isfinite(ref)
     assert out.shape == (6, 40) and torch.equal(torch.isneginf(out), ~v)
     assert float((out[v].double() - ref[v]).norm() / ref[v].norm()) < 1e-4

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from dsagen.codegen import render, uses_wgmma, wgmma_kernel_applies, wgmma_smem_bytes
+from dsagen.codegen import (default_tuning, render, uses_wgmma, uses_ws, wgmma_kernel_applies, wgmma_smem_bytes,
+                            ws_smem_bytes, ws_stages)
 from dsagen.jit import nvcc_compile_only
 
 pytestmark = pytest.mark.nvcc
@@ -105,3 +106,30 @@ def test_wgmma_kernel_applies(shipped):
     big = fp8.with_(head_dim=256, scale_block=256, num_heads=128, next_n=[4])
     assert wgmma_smem_bytes(big, 4, 4) > 227 * 1024 and not wgmma_kernel_applies(big, 4)
     assert wgmma_kernel_applies(big, 1)
+
+
+def test_ws_kernel_selection(shipped):
+    """The warp-specialized TMA kernel is generated for the layouts TMA can address (page-tail,
+    pages of 64+ tokens, one fp32 scale per token) with the stage count that fits shared memory,
+    and the rendered source instantiates exactly those stage counts."""
+    ws = {n for n, s in shipped.items() if uses_ws(s)}
+    assert ws == {"fp8_e4m3_page64", "fp8_e4m3_ue8m0_page64", "bf16_page64", "fp16_page64"}
+    for name, spec in shipped.items():
+        src = render(spec)["paged_logits.cu"]
+        for nn in spec.next_n:
+            s = ws_stages(spec, nn)
+            tune = default_tuning(spec)
+            if name in ws:
+                assert 2 <= s <= tune["ws_stages"]
+                assert ws_smem_bytes(spec, nn, tune["math_wgs"], s) <= 227 * 1024
+                assert f"constexpr int kWsStagesFor<{nn}> = {s};" in src
+                assert f"constexpr int kMathWGs = {tune['math_wgs']};" in src
+            else:
+                assert s == 0 and "kWsStagesFor" not in src
+    fp8 = shipped["fp8_e4m3_page64"]
+    assert ws_stages(fp8, 1, {"kernel": "wgmma"}) == 0 and ws_stages(fp8, 1, {"kernel": "simt"}) == 0
+    # bf16 at next_n 4 with 128 heads: q takes 2 x 128 KiB, nothing fits -> the cp.async or CUDA-core kernel
+    big = shipped["bf16_page64"].with_(num_heads=128, next_n=[4])
+    assert ws_stages(big, 4) == 0
+    # a padded page stride (a multiple of 16) is fine; pages smaller than a 64-token tile are not
+    assert uses_ws(fp8.with_(page_stride_bytes=8464)) and not uses_ws(fp8.with_(page_size=32))

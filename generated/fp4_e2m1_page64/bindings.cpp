@@ -29,8 +29,8 @@ cudaError_t launch_ragged_logits(const void* q, const uint8_t* k, const float* k
                                  int64_t num_keys, bool clean_logits, cudaStream_t stream);
 cudaError_t launch_store(const void* k, bool k_fp32, uint8_t* kv_cache, const int64_t* loc, int64_t n,
                          cudaStream_t stream);
-cudaError_t launch_paged_logits(int next_n, const void* q, const uint8_t* kv_cache, const float* weights,
-                         const int* context_lens, bool ctx_2d, const int* block_table,
+cudaError_t launch_paged_logits(int next_n, const void* q, const uint8_t* kv_cache, int64_t num_pages,
+                         const float* weights, const int* context_lens, bool ctx_2d, const int* block_table,
                          int64_t bt_stride, float* logits, int64_t max_context_len, int batch,
                          bool clean_logits, cudaStream_t stream);
 #endif
@@ -198,7 +198,7 @@ static at::Tensor paged_logits_cuda_op(const at::Tensor& q_in, const at::Tensor&
   const int64_t B = q.size(0), next_n = q.size(1);
   at::Tensor out = at::empty({B * next_n, max_context_len}, q.options().dtype(at::kFloat));
   if (B == 0 || max_context_len == 0) return out;
-  const cudaError_t err = launch_paged_logits(int(next_n), q.data_ptr(), kv_cache.data_ptr<uint8_t>(),
+  const cudaError_t err = launch_paged_logits(int(next_n), q.data_ptr(), kv_cache.data_ptr<uint8_t>(), kv_cache.size(0),
                       weights.data_ptr<float>(),
                       cl.data_ptr<int>(), cl.dim() == 2, block_table.data_ptr<int>(), block_table.stride(0),
                       out.data_ptr<float>(), max_context_len, int(B), clean_logits,
