@@ -157,7 +157,8 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": spec.key_dtype == "e4m3",
             "kernel": "ws" if uses_ws(spec) else "wgmma",
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 fp8 heads
-            "math_wgs": 3 if spec.key.bits == 8 and spec.num_heads <= 64 else 2, "ws_stages": 4}
+            "math_wgs": 3 if spec.key.bits == 8 and spec.num_heads <= 64 else 2, "ws_stages": 4,
+            "math": True}
 
 
 def _mma_op(spec: Spec):
@@ -198,7 +199,10 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "wgmma": uses_wgmma(spec) and tune["kernel"] in ("ws", "wgmma"),
         "ws_stages": {nn: ws_stages(spec, nn, tune) for nn in spec.next_n},
         "math_wgs": int(tune["math_wgs"]),
-        "ws_math": bool(tune.get("math", True)),
+        "ws_math": bool(tune["math"]),
+        "ws_smem": {nn: ws_smem_bytes(spec, nn, int(tune["math_wgs"]), ws_stages(spec, nn, tune))
+                    for nn in spec.next_n},
+        "wgmma_smem": {nn: wgmma_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
         "stages": int(tune["stages"]),
         "promote": bool(tune["promote"]) and spec.key_dtype == "e4m3",
         "k_step_bytes": 32,

@@ -512,11 +512,13 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
 }
 
 template <int NEXT_N>
-static int wgmma_smem_bytes() {
+constexpr int wgmma_smem_bytes() {
   constexpr int N = NEXT_N * kNumHeads;
-  // dsagen.codegen.wgmma_smem_bytes computes the same on the host side
   return 1024 + kStages * kTileBytes + 2 * N * kRowBytes + kStages * kTile * 4 + 2 * N * 4;
 }
+// the host side (dsagen.codegen.wgmma_smem_bytes) picks kernels with the same figures
+static_assert(wgmma_smem_bytes<1>() == 67584, "dsagen.codegen.wgmma_smem_bytes disagrees");
+static_assert(wgmma_smem_bytes<2>() == 100864, "dsagen.codegen.wgmma_smem_bytes disagrees");
 
 // Key tiles in flight per math warpgroup of paged_logits_ws at each next_n (0: not used).
 template <int NEXT_N> constexpr int kWsStagesFor = 0;
@@ -528,8 +530,9 @@ template <> constexpr int kWsStagesFor<2> = 4;
 // kMathWGs-th 64-token tile of a split of kMathWGs*64 tokens with STAGES tiles in flight
 // (full/empty mbarriers per stage), each fed by its own producer warp of warpgroup 0 (TMA: a
 // 3-D tensor copy of each key tile, 128B-swizzled, and a bulk copy of its 64 scales; warp 0
-// also brings q and the weights of each request); the remaining warps write the -inf tail. The schedule splits the requests' splits over the grid on
-// the device (no host sync, no metadata launch).
+// also brings q and the weights of each request); the remaining warps write the -inf tail.
+// The schedule splits the requests' splits over the grid on the device (no host sync, no
+// metadata launch).
 // ------------------------------------------------------------------------------------------
 constexpr int kMathWGs = 2;
 constexpr int kSplit = kMathWGs * kTile;                 // tokens per schedule unit
@@ -714,11 +717,13 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
 }
 
 template <int NEXT_N, int STAGES>
-static int ws_smem_bytes() {
+constexpr int ws_smem_bytes() {
   constexpr int N = NEXT_N * kNumHeads, kTiles = kMathWGs * STAGES;
-  // dsagen.codegen.ws_smem_bytes computes the same on the host side
   return 1024 + kTiles * kTileBytes + 2 * N * kRowBytes + kTiles * kTile * 4 + 2 * N * 4 + (2 * kTiles + 4) * 8;
 }
+// the host side (dsagen.codegen.ws_smem_bytes / ws_stages) chose the stage counts with the same figures
+static_assert(ws_smem_bytes<1, 4>() == 167584, "dsagen.codegen.ws_smem_bytes disagrees");
+static_assert(ws_smem_bytes<2, 4>() == 200864, "dsagen.codegen.ws_smem_bytes disagrees");
 
 // cuTensorMapEncodeTiled from the driver, found through the runtime (no -lcuda at link time).
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {

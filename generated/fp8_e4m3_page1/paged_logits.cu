@@ -534,11 +534,13 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
 }
 
 template <int NEXT_N>
-static int wgmma_smem_bytes() {
+constexpr int wgmma_smem_bytes() {
   constexpr int N = NEXT_N * kNumHeads;
-  // dsagen.codegen.wgmma_smem_bytes computes the same on the host side
   return 1024 + kStages * kTileBytes + 2 * N * kRowBytes + kStages * kTile * 4 + 2 * N * 4;
 }
+// the host side (dsagen.codegen.wgmma_smem_bytes) picks kernels with the same figures
+static_assert(wgmma_smem_bytes<1>() == 51712, "dsagen.codegen.wgmma_smem_bytes disagrees");
+static_assert(wgmma_smem_bytes<2>() == 68608, "dsagen.codegen.wgmma_smem_bytes disagrees");
 
 template <int NEXT_N>
 static cudaError_t launch(const void* q, const uint8_t* kv_cache, int64_t num_pages, const float* weights, const int* context_lens,
