@@ -1,7 +1,10 @@
 """Kernel tuning sweep used during development: for each (spec, tuning) variant, check accuracy on
 a few cases and time a few decode shapes (spin-hidden launch, CUDA events, median, rotated caches).
 Usage: python benchmarks/tune.py SPEC 'json-tuning' ['json-tuning' ...]"""
+import concurrent.futures as cf
 import json
+import multiprocessing as mp
+import os
 import sys
 
 import torch
@@ -11,6 +14,21 @@ from dsagen import verify as V
 from quick_time import copy_bw, decode_inputs, time_fn
 
 SHAPES = [(32, 8192), (128, 8192), (128, 32768)]
+if os.environ.get("TUNE_SHAPES"):   # e.g. "32x64,32x1024,32x8192"
+    SHAPES = [tuple(map(int, x.split("x"))) for x in os.environ["TUNE_SHAPES"].split(",")]
+
+
+def _build(path, tuning):
+    # in a fresh process: build (or find) the extension without loading it
+    from dsagen import jit
+    from dsagen.codegen import namespace, render
+    from dsagen.ops import cuda_archs
+    spec = dsagen.load_spec(path)
+    try:
+        built = jit.build_extension(namespace(spec, tuning), render(spec, tuning), cuda_archs(spec), True)
+        return f"{tuning}: {'cached' if built.cached else 'built'} in {built.seconds:.0f} s"
+    except Exception as e:  # reported; the timing loop skips it
+        return f"{tuning}: BUILD FAILED {type(e).__name__}: {str(e)[-2000:]}"
 
 
 def main(path, tunings):
@@ -18,9 +36,16 @@ def main(path, tunings):
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     spec = dsagen.load_spec(path)
     g = torch.Generator().manual_seed(1)
+    with cf.ProcessPoolExecutor(max_workers=min(8, len(tunings)), mp_context=mp.get_context("spawn")) as ex:
+        for line in ex.map(_build, [path] * len(tunings), [json.loads(t) for t in tunings]):
+            print("build", line, flush=True)
     for t in tunings:
         tuning = json.loads(t)
-        ops = dsagen.load(spec, tuning=tuning)
+        try:
+            ops = dsagen.load(spec, tuning=tuning)
+        except Exception as e:
+            print(f"{spec.name} {tuning}: load failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            continue
         acc = []
         for next_n in spec.next_n:
             for ctx in ([63, 65, 130], [1, 63, 4097] + torch.randint(1, 4097, (61,), generator=g).tolist(), [40000, 33000]):

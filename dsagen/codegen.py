@@ -158,7 +158,35 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "kernel": "ws" if uses_ws(spec) else "wgmma",
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 fp8 heads
             "math_wgs": 3 if spec.key.bits == 8 and spec.num_heads <= 64 else 2, "ws_stages": 4,
-            "math": True}
+            "math": True, "fuse": 0, "maxnreg": 0}
+
+
+def _promote_steps(spec: Spec, tune: dict[str, Any]) -> int:
+    """K steps (32 bytes each) per fp32 promotion of the fp8 WGMMA accumulator: tuning
+    ``promote`` True = 1, False = 0 (none), or a count; made a divisor of the K steps."""
+    if spec.key_dtype != "e4m3" or not tune["promote"]:
+        return 0
+    return math.gcd(int(tune["promote"]), spec.key_bytes_per_token // 32)
+
+
+def _mma_ns(spec: Spec, tune: dict[str, Any]) -> list[int]:
+    """WGMMA N sizes the kernels use: num_heads, and next_n * num_heads where ``fuse`` allows."""
+    cap = min(256, int(tune["fuse"]))
+    return sorted({spec.num_heads} | {nn * spec.num_heads for nn in spec.next_n
+                                      if nn > 1 and nn * spec.num_heads <= cap})
+
+
+def _ws_regs(tune: dict[str, Any]) -> tuple[int, int] | None:
+    """Registers per thread of warpgroup 0 and of the math warpgroups under tuning ``maxnreg``
+    (setmaxnreg; None when 0). Raises ValueError when the register file (64 K) cannot hold them."""
+    regs, wgs = int(tune["maxnreg"]), int(tune["math_wgs"])
+    if regs == 0:
+        return None
+    producer = 40
+    if regs % 8 or not 24 <= regs <= 256 or 128 * producer + 128 * wgs * regs > 65536:
+        raise ValueError(f"tuning maxnreg={regs}: must be a multiple of 8 in [24, 256] with "
+                         f"128*{producer} + 128*{wgs}*maxnreg <= 65536")
+    return producer, regs
 
 
 def _mma_op(spec: Spec):
@@ -188,14 +216,14 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
             return out
     except (OSError, ValueError):
         pass
-    lane_bytes = spec.key_bytes_per_token // 32 or 1
+    thread_bytes = spec.key.bits  # the store kernel's 8 elements per thread, in bytes
     ctx = {
         "spec": spec,
         "ns": ns,
         "lay": spec.layout,
         "q_scalar": spec.query.aten,
         "q_dtype_name": f"torch.{spec.query.torch_name}",
-        "store_vec": math.gcd(lane_bytes, spec.key_align),
+        "store_vec": math.gcd(thread_bytes, spec.key_align),
         "wgmma": uses_wgmma(spec) and tune["kernel"] in ("ws", "wgmma"),
         "ws_stages": {nn: ws_stages(spec, nn, tune) for nn in spec.next_n},
         "math_wgs": int(tune["math_wgs"]),
@@ -204,7 +232,11 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
                     for nn in spec.next_n},
         "wgmma_smem": {nn: wgmma_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
         "stages": int(tune["stages"]),
-        "promote": bool(tune["promote"]) and spec.key_dtype == "e4m3",
+        "promote": _promote_steps(spec, tune),
+        "fuse": int(tune["fuse"]) > 0,
+        "fuse_max_n": min(256, int(tune["fuse"])),
+        "mma_ns": _mma_ns(spec, tune),
+        "ws_regs": _ws_regs(tune),
         "k_step_bytes": 32,
         "mma_op": _mma_op(spec),
     }

@@ -245,14 +245,22 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr) {
   return d.desc_;
 }
 
-// One WGMMA instruction M=64 keys x N=num_heads x K=32 bytes, from two shared-memory descriptors.
-struct Mma {
-  static constexpr int N = kNumHeads;
+// One WGMMA instruction M=64 keys x N query rows x K=32 bytes, from two shared-memory
+// descriptors: N = num_heads (one next_n position), or next_n * num_heads (all of them at once,
+// tuning `fuse`).
+template <int N> struct MmaN;
+template <> struct MmaN<64> {
   __device__ __forceinline__ static void fma(uint64_t a, uint64_t b, float* d, bool accumulate) {
     using Op = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
     Op::fma(a, b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31],            accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
   }
 };
+using Mma = MmaN<kNumHeads>;
+// K steps summed in the tensor core's accumulator before each fp32 promotion (0: no promotion)
+constexpr int kPromote = 1;
+static_assert(kPromote >= 0 && kKSteps % (kPromote > 0 ? kPromote : 1) == 0, "promotion groups must tile the K steps");
+// tuning `fuse`: one WGMMA chain over all next_n * num_heads query rows where N <= 0
+template <int NEXT_N> constexpr bool kFuse = false && NEXT_N > 1 && NEXT_N * kNumHeads <= 0;
 
 // Walks the (request, unit) schedule in order; a unit is kUnit tokens of one request.
 template <int NEXT_N, int kUnit>
@@ -337,6 +345,37 @@ __device__ __forceinline__ void fill_tail(const int* context_lens, bool ctx_2d, 
   }
 }
 
+// Epilogue of next_n position i of a 64-key tile from its kNumHeads / 2 WGMMA accumulators `a`
+// (a[4j + {0,1}] = key r0, heads 8j + 2*quad + {0,1}; a[4j + {2,3}] = key r0 + 8, same heads):
+// relu * w, the sum over heads, the key scales sc0 / sc1, the mask and the store.
+template <int NEXT_N>
+__device__ __forceinline__ void store_position(const float* a, int i, const float* sw, float sc0, float sc1,
+                                               const int* bound, float* logits_b, int64_t max_context_len,
+                                               int max_len, int j0, bool clean_logits, int wlane) {
+  const int warp = wlane >> 5, lane = wlane & 31, quad = lane & 3;
+  const int r0 = warp * 16 + (lane >> 2);
+  const float* wq = sw + i * kNumHeads + quad * 2;
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < kNumHeads / 8; ++j) {
+    const float2 w = *reinterpret_cast<const float2*>(wq + j * 8);
+    s0 = fmaf(fmaxf(a[4 * j + 0], 0.f), w.x, s0);
+    s0 = fmaf(fmaxf(a[4 * j + 1], 0.f), w.y, s0);
+    s1 = fmaf(fmaxf(a[4 * j + 2], 0.f), w.x, s1);
+    s1 = fmaf(fmaxf(a[4 * j + 3], 0.f), w.y, s1);
+  }
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+  if (quad == (i & 3)) {
+    float* out = logits_b + i * max_context_len;
+    const int ja = j0 + r0, jb = j0 + r0 + 8;
+    if (ja < max_len) out[ja] = (ja < bound[i] || !clean_logits) ? s0 * sc0 : kNegInf;
+    if (jb < max_len) out[jb] = (jb < bound[i] || !clean_logits) ? s1 * sc1 : kNegInf;
+  }
+}
+
 // One warpgroup scores one 64-key tile (swizzled, at a_base) against the NEXT_N * kNumHeads
 // query rows of its request (swizzled, at b_base; weights `sw`): WGMMA M=64 keys x N=kNumHeads x
 // K=head_dim per next_n position, then relu * w, the sum over heads, the key scales sc0 (row r0)
@@ -347,8 +386,6 @@ __device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, co
                                             const int* bound, float* logits_b, int64_t max_context_len,
                                             int max_len, int j0, bool clean_logits, int wlane) {
   constexpr int N = NEXT_N * kNumHeads;
-  const int warp = wlane >> 5, lane = wlane & 31, quad = lane & 3;
-  const int r0 = warp * 16 + (lane >> 2);
   float acc[kNumHeads / 2];
 #pragma unroll
   for (int i = 0; i < NEXT_N; ++i) {
@@ -362,60 +399,104 @@ __device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, co
       const int kb = k * kKStep;
       return gmma_desc(bq + (kb / 128) * (N * 128) + (kb % 128));
     };
-    // Hopper's fp8 WGMMA accumulates in reduced precision (~1e-4 relative): each K step's
-    // partial product goes to its own registers and is summed in fp32 on the CUDA cores
-    // ("promotion"), two partial buffers in flight.
-    float p0[kNumHeads / 2], p1[kNumHeads / 2];
+    if constexpr (kPromote > 0) {
+      // Hopper's fp8 WGMMA accumulates in reduced precision (~1e-4 relative): each group of
+      // kPromote K steps goes to its own registers and is summed in fp32 on the CUDA cores
+      // ("promotion"), two partial buffers in flight.
+      constexpr int kGroups = kKSteps / (kPromote > 0 ? kPromote : 1);
+      float p0[kNumHeads / 2], p1[kNumHeads / 2];
 #pragma unroll
-    for (int k = 0; k < kKSteps; ++k) {
-      float* pk = (k & 1) ? p1 : p0;
+      for (int g = 0; g < kGroups; ++g) {
+        float* pk = (g & 1) ? p1 : p0;
 #pragma unroll
-      for (int r = 0; r < kNumHeads / 2; ++r) cute::warpgroup_fence_operand(pk[r]);
-      cute::warpgroup_arrive();
-      Mma::fma(desc_a(k), desc_b(k), pk, false);
-      cute::warpgroup_commit_batch();
-      if (k >= 1) {
-        cute::warpgroup_wait<1>();
-        float* prev = (k & 1) ? p0 : p1;
+        for (int r = 0; r < kNumHeads / 2; ++r) cute::warpgroup_fence_operand(pk[r]);
+        cute::warpgroup_arrive();
 #pragma unroll
-        for (int r = 0; r < kNumHeads / 2; ++r) {
-          cute::warpgroup_fence_operand(prev[r]);
-          acc[r] = k == 1 ? prev[r] : acc[r] + prev[r];
+        for (int s = 0; s < kPromote; ++s) Mma::fma(desc_a(g * kPromote + s), desc_b(g * kPromote + s), pk, s > 0);
+        cute::warpgroup_commit_batch();
+        if (g >= 1) {
+          cute::warpgroup_wait<1>();
+          float* prev = (g & 1) ? p0 : p1;
+#pragma unroll
+          for (int r = 0; r < kNumHeads / 2; ++r) {
+            cute::warpgroup_fence_operand(prev[r]);
+            acc[r] = g == 1 ? prev[r] : acc[r] + prev[r];
+          }
         }
       }
-    }
-    cute::warpgroup_wait<0>();
-    {
-      float* last = ((kKSteps - 1) & 1) ? p1 : p0;
+      cute::warpgroup_wait<0>();
+      float* last = ((kGroups - 1) & 1) ? p1 : p0;
 #pragma unroll
       for (int r = 0; r < kNumHeads / 2; ++r) {
         cute::warpgroup_fence_operand(last[r]);
-        acc[r] = kKSteps == 1 ? last[r] : acc[r] + last[r];
+        acc[r] = kGroups == 1 ? last[r] : acc[r] + last[r];
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < kNumHeads / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int k = 0; k < kKSteps; ++k) Mma::fma(desc_a(k), desc_b(k), acc, k > 0);
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+#pragma unroll
+      for (int r = 0; r < kNumHeads / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
+    }
+    store_position<NEXT_N>(acc, i, sw, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
+  }
+}
+
+// tuning `fuse`: tile_logits with one WGMMA chain over all N = NEXT_N * kNumHeads query rows
+// (fewer, wider instructions; N / 2 accumulators per thread, promoted through one buffer).
+template <int NEXT_N>
+__device__ __forceinline__ void tile_logits_fused(uint32_t a_base, uint32_t b_base, const float* sw, float sc0,
+                                                  float sc1, const int* bound, float* logits_b,
+                                                  int64_t max_context_len, int max_len, int j0, bool clean_logits,
+                                                  int wlane) {
+  constexpr int N = NEXT_N * kNumHeads;
+  using M = MmaN<N>;
+  float acc[N / 2];
+  auto desc_a = [&](int k) {
+    const int kb = k * kKStep;
+    return gmma_desc(a_base + (kb / 128) * (kTile * 128) + (kb % 128));
+  };
+  auto desc_b = [&](int k) {
+    const int kb = k * kKStep;
+    return gmma_desc(b_base + (kb / 128) * (N * 128) + (kb % 128));
+  };
+  if constexpr (kPromote > 0) {
+    constexpr int kGroups = kKSteps / (kPromote > 0 ? kPromote : 1);
+    float p[N / 2];
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+      for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(p[r]);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int s = 0; s < kPromote; ++s) M::fma(desc_a(g * kPromote + s), desc_b(g * kPromote + s), p, s > 0);
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+#pragma unroll
+      for (int r = 0; r < N / 2; ++r) {
+        cute::warpgroup_fence_operand(p[r]);
+        acc[r] = g == 0 ? p[r] : acc[r] + p[r];
       }
     }
-    // epilogue: relu * w, sum over heads, * key scale, mask, store.
-    // acc[4j + {0,1}] = (key r0, heads 8j + 2*quad + {0,1}); acc[4j + {2,3}] = (key r0 + 8, same)
-    const float* wq = sw + i * kNumHeads + quad * 2;
-    float s0 = 0.f, s1 = 0.f;
+  } else {
 #pragma unroll
-    for (int j = 0; j < kNumHeads / 8; ++j) {
-      const float2 w = *reinterpret_cast<const float2*>(wq + j * 8);
-      s0 = fmaf(fmaxf(acc[4 * j + 0], 0.f), w.x, s0);
-      s0 = fmaf(fmaxf(acc[4 * j + 1], 0.f), w.y, s0);
-      s1 = fmaf(fmaxf(acc[4 * j + 2], 0.f), w.x, s1);
-      s1 = fmaf(fmaxf(acc[4 * j + 3], 0.f), w.y, s1);
-    }
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-    if (quad == (i & 3)) {
-      float* out = logits_b + i * max_context_len;
-      const int ja = j0 + r0, jb = j0 + r0 + 8;
-      if (ja < max_len) out[ja] = (ja < bound[i] || !clean_logits) ? s0 * sc0 : kNegInf;
-      if (jb < max_len) out[jb] = (jb < bound[i] || !clean_logits) ? s1 * sc1 : kNegInf;
-    }
+    for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int k = 0; k < kKSteps; ++k) M::fma(desc_a(k), desc_b(k), acc, k > 0);
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+#pragma unroll
+    for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
   }
+#pragma unroll
+  for (int i = 0; i < NEXT_N; ++i)
+    store_position<NEXT_N>(acc + i * (kNumHeads / 2), i, sw, sc0, sc1, bound, logits_b, max_context_len, max_len,
+                           j0, clean_logits, wlane);
 }
 
 // One warpgroup per CTA that both copies (cp.async, kStages tiles in flight) and computes.

@@ -181,6 +181,7 @@ static void store_cuda_op(const at::Tensor& k_in, const at::Tensor& kv_cache, co
   check_store(k_in, kv_cache, loc_in, kv_scales);
   const c10::cuda::CUDAGuard guard(kv_cache.device());
   at::Tensor k = (k_in.scalar_type() == at::kHalf ? k_in.to(at::kFloat) : k_in).contiguous();
+  if (reinterpret_cast<uintptr_t>(k.data_ptr()) % 16 != 0) k = k.clone();  // the kernel reads 16-byte vectors
   at::Tensor loc = loc_in.contiguous();
   if (k.size(0) == 0) return;
   const cudaError_t err = launch_store(k.data_ptr(), k.scalar_type() == at::kFloat, kv_cache.data_ptr<uint8_t>(),
