@@ -148,17 +148,23 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     ``wgmma`` (one warpgroup per CTA that both copies with cp.async and computes, ``stages``
     tiles in flight; the other WGMMA layouts, and where ``ws`` does not fit in shared memory) or
     ``simt`` (the portable fp32 CUDA-core kernel everywhere). ``promote``: sum each WGMMA K step
-    in fp32 on the CUDA cores; on for e4m3 because Hopper's fp8 tensor-core accumulator is not
-    full fp32 (measured relative L2 error 1.2e-4..1.7e-4 without, 4.1e-5..4.6e-5 with, on the H200).
-    ``math_wgs``: 1 to 3 (3 for 8-bit keys with up to 64 heads, else 2). ``math: False``
-    (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe of its data
-    path alone, whose results are wrong by design.
+    in fp32 on the CUDA cores every ``promote`` K steps of 32 bytes (True = 1, False/0 = never);
+    2 for e4m3 because Hopper's fp8 tensor-core accumulator is not full fp32 (H200, relative L2
+    error: 1.2e-4..1.9e-4 never, 6.9e-5..8.2e-5 every 2 steps, 4.2e-5..4.9e-5 every step; every
+    2 steps was 13 % faster than every step at next_n 2).
+    ``fuse``: where ``next_n * num_heads <= fuse``, one WGMMA chain covers all next_n positions
+    (N = next_n * num_heads); 128 for 16-bit keys (bf16 next_n 2, B=128, ctx 32768: 342 -> 319
+    us on the H200), 0 for fp8 (with promotion its accumulators spill at 3 math warpgroups).
+    ``math_wgs``: 1 to 3 (3 for 8-bit keys with up to 64 heads, else 2). ``maxnreg``: registers
+    per thread of the math warpgroups by ``setmaxnreg`` (0: off; warpgroup 0 keeps 40).
+    ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
+    of its data path alone, whose results are wrong by design.
     """
-    return {"stages": 4 if spec.key.bits == 8 else 2, "promote": spec.key_dtype == "e4m3",
+    return {"stages": 4 if spec.key.bits == 8 else 2, "promote": 2 if spec.key_dtype == "e4m3" else 0,
             "kernel": "ws" if uses_ws(spec) else "wgmma",
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 fp8 heads
             "math_wgs": 3 if spec.key.bits == 8 and spec.num_heads <= 64 else 2, "ws_stages": 4,
-            "math": True, "fuse": 0, "maxnreg": 0}
+            "math": True, "fuse": 128 if spec.key.bits == 16 else 0, "maxnreg": 0}
 
 
 def _promote_steps(spec: Spec, tune: dict[str, Any]) -> int:

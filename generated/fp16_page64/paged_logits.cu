@@ -255,12 +255,18 @@ template <> struct MmaN<64> {
     Op::fma(a, b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31],            accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
   }
 };
+template <> struct MmaN<128> {
+  __device__ __forceinline__ static void fma(uint64_t a, uint64_t b, float* d, bool accumulate) {
+    using Op = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_SS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+    Op::fma(a, b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63],            accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+  }
+};
 using Mma = MmaN<kNumHeads>;
 // K steps summed in the tensor core's accumulator before each fp32 promotion (0: no promotion)
 constexpr int kPromote = 0;
 static_assert(kPromote >= 0 && kKSteps % (kPromote > 0 ? kPromote : 1) == 0, "promotion groups must tile the K steps");
-// tuning `fuse`: one WGMMA chain over all next_n * num_heads query rows where N <= 0
-template <int NEXT_N> constexpr bool kFuse = false && NEXT_N > 1 && NEXT_N * kNumHeads <= 0;
+// tuning `fuse`: one WGMMA chain over all next_n * num_heads query rows where N <= 128
+template <int NEXT_N> constexpr bool kFuse = true && NEXT_N > 1 && NEXT_N * kNumHeads <= 128;
 
 // Walks the (request, unit) schedule in order; a unit is kUnit tokens of one request.
 template <int NEXT_N, int kUnit>

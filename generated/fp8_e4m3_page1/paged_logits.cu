@@ -257,7 +257,7 @@ template <> struct MmaN<64> {
 };
 using Mma = MmaN<kNumHeads>;
 // K steps summed in the tensor core's accumulator before each fp32 promotion (0: no promotion)
-constexpr int kPromote = 1;
+constexpr int kPromote = 2;
 static_assert(kPromote >= 0 && kKSteps % (kPromote > 0 ? kPromote : 1) == 0, "promotion groups must tile the K steps");
 // tuning `fuse`: one WGMMA chain over all next_n * num_heads query rows where N <= 0
 template <int NEXT_N> constexpr bool kFuse = false && NEXT_N > 1 && NEXT_N * kNumHeads <= 0;
