@@ -155,16 +155,15 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     ``fuse``: where ``next_n * num_heads <= fuse``, one WGMMA chain covers all next_n positions
     (N = next_n * num_heads); 128 for 16-bit keys (bf16 next_n 2, B=128, ctx 32768: 342 -> 319
     us on the H200), 0 for fp8 (with promotion its accumulators spill at 3 math warpgroups).
-    ``math_wgs``: 1 to 3 (3 with up to 64 heads, else 2). ``maxnreg``: registers
+    ``math_wgs``: 1 to 3 (3 for 8-bit keys with up to 64 heads, else 2). ``maxnreg``: registers
     per thread of the math warpgroups by ``setmaxnreg`` (0: off; warpgroup 0 keeps 40).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": 2 if spec.key_dtype == "e4m3" else 0,
             "kernel": "ws" if uses_ws(spec) else "wgmma",
-            # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 fp8 heads;
-            # 16-bit keys get 3 x 3 stages (4 do not fit in shared memory)
-            "math_wgs": 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
+            # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 fp8 heads
+            "math_wgs": 3 if spec.key.bits == 8 and spec.num_heads <= 64 else 2, "ws_stages": 4,
             "math": True, "fuse": 128 if spec.key.bits == 16 else 0, "maxnreg": 0}
 
 

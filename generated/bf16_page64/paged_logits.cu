@@ -4,7 +4,7 @@
 // Kernels:
 //  * paged_logits_ws (sm_90a, layouts TMA can address): warp-specialized persistent grid, one
 //    CTA per SM: a producer warp brings 64-token key tiles in by TMA (128B-swizzled) for
-//    3 math warpgroups, each with its own stages, which run WGMMA M=64 keys x
+//    2 math warpgroups, each with its own stages, which run WGMMA M=64 keys x
 //    N=heads x K=head_dim per next_n position (CuTe's SM90 GMMA atoms), the relu*w head
 //    reduction, key scale and masking in registers.
 //  * paged_logits_wgmma (sm_90a): persistent grid, one warpgroup per CTA, 64-token key tiles
@@ -631,8 +631,8 @@ static_assert(wgmma_smem_bytes<2>() == 100864, "dsagen.codegen.wgmma_smem_bytes 
 
 // Key tiles in flight per math warpgroup of paged_logits_ws at each next_n (0: not used).
 template <int NEXT_N> constexpr int kWsStagesFor = 0;
-template <> constexpr int kWsStagesFor<1> = 3;
-template <> constexpr int kWsStagesFor<2> = 3;
+template <> constexpr int kWsStagesFor<1> = 4;
+template <> constexpr int kWsStagesFor<2> = 4;
 
 // ------------------------------------------------------------------------------------------
 // Warp-specialized sm_90a kernel: one CTA per SM; kMathWGs math warpgroups each own every
@@ -643,7 +643,7 @@ template <> constexpr int kWsStagesFor<2> = 3;
 // The schedule splits the requests' splits over the grid on the device (no host sync, no
 // metadata launch).
 // ------------------------------------------------------------------------------------------
-constexpr int kMathWGs = 3;
+constexpr int kMathWGs = 2;
 constexpr int kSplit = kMathWGs * kTile;                 // tokens per schedule unit
 constexpr int kWsThreads = 128 * (1 + kMathWGs);
 static_assert(kMathWGs >= 1 && kMathWGs <= 3, "warpgroup 0 holds one producer warp per math warpgroup and a tail warp");
@@ -842,8 +842,8 @@ constexpr int ws_smem_bytes() {
   return 1024 + kTiles * kTileBytes + 2 * N * kRowBytes + kTiles * kTile * 4 + 2 * N * 4 + (2 * kTiles + 4) * 8;
 }
 // the host side (dsagen.codegen.ws_smem_bytes / ws_stages) chose the stage counts with the same figures
-static_assert(ws_smem_bytes<1, 3>() == 184240, "dsagen.codegen.ws_smem_bytes disagrees");
-static_assert(ws_smem_bytes<2, 3>() == 217520, "dsagen.codegen.ws_smem_bytes disagrees");
+static_assert(ws_smem_bytes<1, 4>() == 167584, "dsagen.codegen.ws_smem_bytes disagrees");
+static_assert(ws_smem_bytes<2, 4>() == 200864, "dsagen.codegen.ws_smem_bytes disagrees");
 
 // cuTensorMapEncodeTiled from the driver, found through the runtime (no -lcuda at link time).
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
