@@ -32,6 +32,8 @@ def _build(path, tuning):
 
 
 def main(path, tunings):
+    if not tunings:
+        sys.exit("usage: python benchmarks/tune.py SPEC 'json-tuning' ['json-tuning' ...]")
     bw = copy_bw()
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     spec = dsagen.load_spec(path)

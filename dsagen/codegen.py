@@ -152,7 +152,8 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     2 for e4m3 because Hopper's fp8 tensor-core accumulator is not full fp32 (H200, relative L2
     error: 1.2e-4..1.9e-4 never, 6.9e-5..8.2e-5 every 2 steps, 4.2e-5..4.9e-5 every step; every
     2 steps was 13 % faster than every step at next_n 2).
-    ``fuse``: where ``next_n * num_heads <= fuse``, one WGMMA chain covers all next_n positions
+    ``fuse``: where ``next_n * num_heads <= fuse`` (and the accumulators fit in the math
+    warpgroups' registers, :func:`_fuse_max_n`), one WGMMA chain covers all next_n positions
     (N = next_n * num_heads); 128 for 16-bit keys (bf16 next_n 2, B=128, ctx 32768: 342 -> 319
     us on the H200), 0 for fp8 (with promotion its accumulators spill at 3 math warpgroups).
     ``math_wgs``: 1 to 3 (3 for 8-bit keys with up to 64 heads, else 2). ``maxnreg``: registers
@@ -175,9 +176,22 @@ def _promote_steps(spec: Spec, tune: dict[str, Any]) -> int:
     return math.gcd(int(tune["promote"]), spec.key_bytes_per_token // 32)
 
 
+def _fuse_max_n(spec: Spec, tune: dict[str, Any]) -> int:
+    """Largest N = next_n * num_heads that tuning ``fuse`` runs as one WGMMA chain: ``fuse``,
+    at most 256 (WGMMA's N), and small enough that the N/2 accumulators per thread (N with a
+    promotion buffer) leave ~40 of the math warpgroups' registers for the rest (128 per thread
+    at 3 math warpgroups, 168 at 2, or ``maxnreg``): beyond that ptxas spills, or cannot
+    allocate the instruction at all (N=256 at 3 math warpgroups)."""
+    wgs, regs = int(tune["math_wgs"]), int(tune["maxnreg"])
+    if regs == 0:
+        regs = min(255, 65536 // (128 * (1 + wgs)) // 8 * 8)
+    per_n = 1.0 if _promote_steps(spec, tune) else 0.5    # accumulator registers per unit of N
+    return min(256, int(tune["fuse"]), int((regs - 40) / per_n) // 8 * 8)
+
+
 def _mma_ns(spec: Spec, tune: dict[str, Any]) -> list[int]:
     """WGMMA N sizes the kernels use: num_heads, and next_n * num_heads where ``fuse`` allows."""
-    cap = min(256, int(tune["fuse"]))
+    cap = _fuse_max_n(spec, tune)
     return sorted({spec.num_heads} | {nn * spec.num_heads for nn in spec.next_n
                                       if nn > 1 and nn * spec.num_heads <= cap})
 
@@ -239,8 +253,8 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "wgmma_smem": {nn: wgmma_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
         "stages": int(tune["stages"]),
         "promote": _promote_steps(spec, tune),
-        "fuse": int(tune["fuse"]) > 0,
-        "fuse_max_n": min(256, int(tune["fuse"])),
+        "fuse": _fuse_max_n(spec, tune) > 0,
+        "fuse_max_n": max(0, _fuse_max_n(spec, tune)),
         "mma_ns": _mma_ns(spec, tune),
         "ws_regs": _ws_regs(tune),
         "k_step_bytes": 32,

@@ -67,3 +67,18 @@ def test_write_generated_only_touches_changed_files(tmp_path, shipped):
     for p in files:
         assert p.read_text() == fresh[p.name]
         assert (p.stat().st_mtime_ns != 1) == (p.name == "store.cu"), f"{p.name} rewritten needlessly"
+
+
+def test_tunings_the_registers_cannot_hold_are_capped_or_refused():
+    """`fuse` never asks for more WGMMA accumulators than the math warpgroups' registers hold
+    (N=256 at 3 math warpgroups does not compile: ptxas C7602), and `maxnreg` beyond the
+    register file is an error naming the tuning."""
+    spec = dsagen.load_spec(SPECS["fp8_e4m3_page64"])
+    src = render(spec, {"fuse": 256})                     # 3 math WGs with promotion: 88 at most
+    assert "MmaN<128>" not in src["paged_logits.cu"] and "NEXT_N * kNumHeads <= 88" in src["paged_logits.cu"]
+    src = render(spec, {"fuse": 128, "promote": False})   # 64 accumulators fit in 128 registers
+    assert "struct MmaN<128>" in src["paged_logits.cu"]
+    bf16 = dsagen.load_spec(SPECS["bf16_page64"])
+    assert "struct MmaN<128>" in render(bf16)["paged_logits.cu"]   # the default for 16-bit keys
+    with pytest.raises(ValueError, match="maxnreg"):
+        render(spec, {"maxnreg": 200})                    # 128*40 + 3*128*200 > 65536
