@@ -180,11 +180,13 @@ def _fuse_max_n(spec: Spec, tune: dict[str, Any]) -> int:
     """Largest N = next_n * num_heads that tuning ``fuse`` runs as one WGMMA chain: ``fuse``,
     at most 256 (WGMMA's N), and small enough that the N/2 accumulators per thread (N with a
     promotion buffer) leave ~40 of the math warpgroups' registers for the rest (128 per thread
-    at 3 math warpgroups, 168 at 2, or ``maxnreg``): beyond that ptxas spills, or cannot
-    allocate the instruction at all (N=256 at 3 math warpgroups)."""
-    wgs, regs = int(tune["math_wgs"]), int(tune["maxnreg"])
-    if regs == 0:
-        regs = min(255, 65536 // (128 * (1 + wgs)) // 8 * 8)
+    at 3 math warpgroups, 168 at 2; a smaller ``maxnreg`` lowers it, a larger one does not
+    raise it: ptxas compiles the whole kernel within the launch bound): beyond that ptxas
+    spills, or cannot allocate the instruction at all (N=256 at 3 math warpgroups)."""
+    wgs, maxnreg = int(tune["math_wgs"]), int(tune["maxnreg"])
+    regs = min(255, 65536 // (128 * (1 + wgs)) // 8 * 8)
+    if maxnreg:
+        regs = min(regs, maxnreg)
     per_n = 1.0 if _promote_steps(spec, tune) else 0.5    # accumulator registers per unit of N
     return min(256, int(tune["fuse"]), int((regs - 40) / per_n) // 8 * 8)
 
