@@ -257,7 +257,6 @@ template <> struct MmaN<64> {
     Op::fma(a, b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31],            accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
   }
 };
-using Mma = MmaN<kNumHeads>;
 // K steps summed in the tensor core's accumulator before each fp32 promotion (0: no promotion)
 constexpr int kPromote = 2;
 static_assert(kPromote >= 0 && kKSteps % (kPromote > 0 ? kPromote : 1) == 0, "promotion groups must tile the K steps");
@@ -378,127 +377,99 @@ __device__ __forceinline__ void store_position(const float* a, int i, const floa
   }
 }
 
-// One warpgroup scores one 64-key tile (swizzled, at a_base) against the NEXT_N * kNumHeads
-// query rows of its request (swizzled, at b_base; weights `sw`): WGMMA M=64 keys x N=kNumHeads x
-// K=head_dim per next_n position, then relu * w, the sum over heads, the key scales sc0 (row r0)
-// and sc1 (row r0 + 8), the mask and the store of logits[b*NEXT_N + i, j0 + row]. `wlane` is the
-// thread's index in the warpgroup (0..127).
-template <int NEXT_N>
-__device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, const float* sw, float sc0, float sc1,
-                                            const int* bound, float* logits_b, int64_t max_context_len,
-                                            int max_len, int j0, bool clean_logits, int wlane) {
-  constexpr int N = NEXT_N * kNumHeads;
-  float acc[kNumHeads / 2];
-#pragma unroll
-  for (int i = 0; i < NEXT_N; ++i) {
-    // scores of the 64 keys against the num_heads queries of position i
-    const uint32_t bq = b_base + i * kNumHeads * 128;
-    auto desc_a = [&](int k) {
-      const int kb = k * kKStep;
-      return gmma_desc(a_base + (kb / 128) * (kTile * 128) + (kb % 128));
-    };
-    auto desc_b = [&](int k) {
-      const int kb = k * kKStep;
-      return gmma_desc(bq + (kb / 128) * (N * 128) + (kb % 128));
-    };
-    if constexpr (kPromote > 0) {
-      // Hopper's fp8 WGMMA accumulates in reduced precision (~1e-4 relative): each group of
-      // kPromote K steps goes to its own registers and is summed in fp32 on the CUDA cores
-      // ("promotion"), two partial buffers in flight.
-      constexpr int kGroups = kKSteps / (kPromote > 0 ? kPromote : 1);
-      float p0[kNumHeads / 2], p1[kNumHeads / 2];
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        float* pk = (g & 1) ? p1 : p0;
-#pragma unroll
-        for (int r = 0; r < kNumHeads / 2; ++r) cute::warpgroup_fence_operand(pk[r]);
-        cute::warpgroup_arrive();
-#pragma unroll
-        for (int s = 0; s < kPromote; ++s) Mma::fma(desc_a(g * kPromote + s), desc_b(g * kPromote + s), pk, s > 0);
-        cute::warpgroup_commit_batch();
-        if (g >= 1) {
-          cute::warpgroup_wait<1>();
-          float* prev = (g & 1) ? p0 : p1;
-#pragma unroll
-          for (int r = 0; r < kNumHeads / 2; ++r) {
-            cute::warpgroup_fence_operand(prev[r]);
-            acc[r] = g == 1 ? prev[r] : acc[r] + prev[r];
-          }
-        }
-      }
-      cute::warpgroup_wait<0>();
-      float* last = ((kGroups - 1) & 1) ? p1 : p0;
-#pragma unroll
-      for (int r = 0; r < kNumHeads / 2; ++r) {
-        cute::warpgroup_fence_operand(last[r]);
-        acc[r] = kGroups == 1 ? last[r] : acc[r] + last[r];
-      }
-    } else {
-#pragma unroll
-      for (int r = 0; r < kNumHeads / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
-      cute::warpgroup_arrive();
-#pragma unroll
-      for (int k = 0; k < kKSteps; ++k) Mma::fma(desc_a(k), desc_b(k), acc, k > 0);
-      cute::warpgroup_commit_batch();
-      cute::warpgroup_wait<0>();
-#pragma unroll
-      for (int r = 0; r < kNumHeads / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
-    }
-    store_position<NEXT_N>(acc, i, sw, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
-  }
-}
-
-// tuning `fuse`: tile_logits with one WGMMA chain over all N = NEXT_N * kNumHeads query rows
-// (fewer, wider instructions; N / 2 accumulators per thread, promoted through one buffer).
-template <int NEXT_N>
-__device__ __forceinline__ void tile_logits_fused(uint32_t a_base, uint32_t b_base, const float* sw, float sc0,
-                                                  float sc1, const int* bound, float* logits_b,
-                                                  int64_t max_context_len, int max_len, int j0, bool clean_logits,
-                                                  int wlane) {
-  constexpr int N = NEXT_N * kNumHeads;
-  using M = MmaN<N>;
-  float acc[N / 2];
+// WGMMA scores of the 64 keys of a tile (swizzled, at a_base) against ROWS query rows (swizzled,
+// starting at b_base in a B operand of `b_rows` rows per 128-byte K chunk) into acc[ROWS / 2]:
+// acc[4j + {0,1}] = (key r0, rows 8j + 2*quad + {0,1}); acc[4j + {2,3}] = (key r0 + 8, same).
+// With kPromote > 0 each group of kPromote K steps goes to its own registers and is summed in
+// fp32 on the CUDA cores (Hopper's fp8 WGMMA accumulates in reduced precision, ~1e-4 relative),
+// through BUFS partial buffers: 2 keeps one group in flight while the previous one is added,
+// 1 (fused rows, whose accumulators leave no room for a second buffer) waits for each.
+template <int ROWS, int BUFS>
+__device__ __forceinline__ void mma_rows(uint32_t a_base, uint32_t b_base, int b_rows, float (&acc)[ROWS / 2]) {
+  using M = MmaN<ROWS>;
   auto desc_a = [&](int k) {
     const int kb = k * kKStep;
     return gmma_desc(a_base + (kb / 128) * (kTile * 128) + (kb % 128));
   };
   auto desc_b = [&](int k) {
     const int kb = k * kKStep;
-    return gmma_desc(b_base + (kb / 128) * (N * 128) + (kb % 128));
+    return gmma_desc(b_base + (kb / 128) * (b_rows * 128) + (kb % 128));
   };
   if constexpr (kPromote > 0) {
     constexpr int kGroups = kKSteps / (kPromote > 0 ? kPromote : 1);
-    float p[N / 2];
+    float p[BUFS][ROWS / 2];
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
+      float* pk = p[g % BUFS];
 #pragma unroll
-      for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(p[r]);
+      for (int r = 0; r < ROWS / 2; ++r) cute::warpgroup_fence_operand(pk[r]);
       cute::warpgroup_arrive();
 #pragma unroll
-      for (int s = 0; s < kPromote; ++s) M::fma(desc_a(g * kPromote + s), desc_b(g * kPromote + s), p, s > 0);
+      for (int s = 0; s < kPromote; ++s) M::fma(desc_a(g * kPromote + s), desc_b(g * kPromote + s), pk, s > 0);
       cute::warpgroup_commit_batch();
-      cute::warpgroup_wait<0>();
+      if (BUFS == 1 || g >= 1) {
+        // the group before this one (BUFS 2) or this one (BUFS 1) is done: add it
+        if constexpr (BUFS == 1) cute::warpgroup_wait<0>();
+        else cute::warpgroup_wait<1>();
+        const int done = BUFS == 1 ? g : g - 1;
+        float* prev = p[done % BUFS];
 #pragma unroll
-      for (int r = 0; r < N / 2; ++r) {
-        cute::warpgroup_fence_operand(p[r]);
-        acc[r] = g == 0 ? p[r] : acc[r] + p[r];
+        for (int r = 0; r < ROWS / 2; ++r) {
+          cute::warpgroup_fence_operand(prev[r]);
+          acc[r] = done == 0 ? prev[r] : acc[r] + prev[r];
+        }
+      }
+    }
+    if constexpr (BUFS == 2) {
+      cute::warpgroup_wait<0>();
+      float* last = p[(kGroups - 1) % 2];
+#pragma unroll
+      for (int r = 0; r < ROWS / 2; ++r) {
+        cute::warpgroup_fence_operand(last[r]);
+        acc[r] = kGroups == 1 ? last[r] : acc[r] + last[r];
       }
     }
   } else {
 #pragma unroll
-    for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
+    for (int r = 0; r < ROWS / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int k = 0; k < kKSteps; ++k) M::fma(desc_a(k), desc_b(k), acc, k > 0);
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<0>();
 #pragma unroll
-    for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
+    for (int r = 0; r < ROWS / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
   }
+}
+
+// One warpgroup scores one 64-key tile (swizzled, at a_base) against the NEXT_N * kNumHeads
+// query rows of its request (swizzled, at b_base; weights `sw`): WGMMA M=64 keys x N=kNumHeads x
+// K=head_dim per next_n position (or, tuning `fuse`, one chain with N = NEXT_N * kNumHeads),
+// then per position relu * w, the sum over heads, the key scales sc0 (row r0) and sc1 (row
+// r0 + 8), the mask and the store of logits[b*NEXT_N + i, j0 + row]. `wlane` is the thread's
+// index in the warpgroup (0..127). FUSE: kFuse<NEXT_N> in paged_logits_ws (the tuning covers
+// that kernel only).
+template <int NEXT_N, bool FUSE = false>
+__device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, const float* sw, float sc0, float sc1,
+                                            const int* bound, float* logits_b, int64_t max_context_len,
+                                            int max_len, int j0, bool clean_logits, int wlane) {
+  constexpr int N = NEXT_N * kNumHeads;
+  if constexpr (FUSE) {
+    float acc[N / 2];
+    mma_rows<N, 1>(a_base, b_base, N, acc);
 #pragma unroll
-  for (int i = 0; i < NEXT_N; ++i)
-    store_position<NEXT_N>(acc + i * (kNumHeads / 2), i, sw, sc0, sc1, bound, logits_b, max_context_len, max_len,
-                           j0, clean_logits, wlane);
+    for (int i = 0; i < NEXT_N; ++i)
+      store_position<NEXT_N>(acc + i * (kNumHeads / 2), i, sw, sc0, sc1, bound, logits_b, max_context_len,
+                             max_len, j0, clean_logits, wlane);
+  } else {
+#pragma unroll
+    for (int i = 0; i < NEXT_N; ++i) {
+      float acc[kNumHeads / 2];
+      mma_rows<kNumHeads, 2>(a_base, b_base + i * kNumHeads * 128, N, acc);
+      store_position<NEXT_N>(acc, i, sw, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits,
+                             wlane);
+    }
+  }
 }
 
 // One warpgroup per CTA that both copies (cp.async, kStages tiles in flight) and computes.
@@ -814,15 +785,10 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
         mbar_wait(full + t, (count / STAGES) & 1);
         const float sc0 = kQuantized ? sscale[t * kTile + r0] : 1.f;
         const float sc1 = kQuantized ? sscale[t * kTile + r0 + 8] : 1.f;
-        if constexpr (kFuse<NEXT_N>)
-          tile_logits_fused<NEXT_N>(smem_u32(sk + t * kTileBytes), smem_u32(sq + (phase & 1) * kQBytes),
-                                    sw + (phase & 1) * N, sc0, sc1, bound,
-                                    logits + int64_t(b) * NEXT_N * max_context_len, max_context_len, max_len,
-                                    tile * kTile, clean_logits, wlane);
-        else
-          tile_logits<NEXT_N>(smem_u32(sk + t * kTileBytes), smem_u32(sq + (phase & 1) * kQBytes),
-                              sw + (phase & 1) * N, sc0, sc1, bound, logits + int64_t(b) * NEXT_N * max_context_len,
-                              max_context_len, max_len, tile * kTile, clean_logits, wlane);
+        tile_logits<NEXT_N, kFuse<NEXT_N>>(smem_u32(sk + t * kTileBytes), smem_u32(sq + (phase & 1) * kQBytes),
+                                           sw + (phase & 1) * N,
+                            sc0, sc1, bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len,
+                            max_len, tile * kTile, clean_logits, wlane);
         mbar_arrive(empty + t);                         // this thread's reads of the stage are done
         ++count;
       }
