@@ -246,6 +246,9 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "q_scalar": spec.query.aten,
         "q_dtype_name": f"torch.{spec.query.torch_name}",
         "store_vec": math.gcd(thread_bytes, spec.key_align),
+        # kv_cache alignment the store kernel needs: its key vectors, and fp32 scales in kv_cache
+        "store_align": math.lcm(math.gcd(thread_bytes, spec.key_align),
+                                4 if spec.scale_dtype == "fp32" and not spec.separate_scales else 1),
         "wgmma": uses_wgmma(spec) and tune["kernel"] in ("ws", "wgmma"),
         "ws_stages": {nn: ws_stages(spec, nn, tune) for nn in spec.next_n},
         "math_wgs": int(tune["math_wgs"]),

@@ -174,6 +174,8 @@ static at::Tensor ragged_logits_cuda_op(const at::Tensor& q_in, const at::Tensor
 static void store_cuda_op(const at::Tensor& k_in, const at::Tensor& kv_cache, const at::Tensor& loc_in,
                           const c10::optional<at::Tensor>& kv_scales) {
   check_store(k_in, kv_cache, loc_in, kv_scales);
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(kv_cache.data_ptr()) % 16 == 0, "fp16_page64.store: kv_cache "
+              "must be 16-byte aligned on CUDA (the kernel writes 16-byte key vectors)");
   const c10::cuda::CUDAGuard guard(kv_cache.device());
   at::Tensor k = (k_in.scalar_type() == at::kHalf ? k_in.to(at::kFloat) : k_in).contiguous();
   if (reinterpret_cast<uintptr_t>(k.data_ptr()) % 16 != 0) k = k.clone();  // the kernel reads 16-byte vectors
