@@ -46,7 +46,7 @@ if [ -n "${PROFILE:-}" ]; then
   for p in $PROFILE; do
     IFS=: read sp b n c <<< "$p"
     $NCU --clock-control none --kernel-name regex:paged_logits_ws --launch-skip 2 --launch-count 1 \
-      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-      python3 benchmarks/profile_one.py specs/$sp.yaml $b $n $c 2>&1 | grep -v "^==PROF==" | tee -a $OUT/ncu.log
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats --section ComputeWorkloadAnalysis ${NCU_SECTIONS:-} \
+      python3 benchmarks/profile_one.py specs/$sp.yaml $b $n $c ${PROFILE_TUNING:-} 2>&1 | grep -v "^==PROF==" | tee -a $OUT/ncu.log
   done
 fi

@@ -11,6 +11,7 @@ import torch
 
 import dsagen
 from dsagen import verify as V
+from dsagen.verify import random_keys
 from quick_time import copy_bw, decode_inputs, time_fn
 
 SHAPES = [(32, 8192), (128, 8192), (128, 32768)]
@@ -54,6 +55,27 @@ def main(path, tunings):
                 row = V.check_logits(ops, spec, ctx, next_n, g, "cuda", reruns=3)
                 acc.append(f"{row.rel_l2:.2e}{'' if row.passed else '!'}")
         print(f"{spec.name} {tuning}: rel_l2 {' '.join(acc)}", flush=True)
+        if os.environ.get("TUNE_STORE"):   # store: bitwise check, then N=128 and 65536 (random slots)
+            rows = [V.check_store(ops, spec, n, g, "cuda") for n in (1, 77, 4096)]
+            print(f"{spec.name} {tuning}: store {' '.join('ok' if r.passed else 'FAIL ' + r.note for r in rows)}", flush=True)
+            for n, pattern in ((128, "random"), (65536, "random"), (65536, "pages")):
+                pages = max(1, 4 * n // spec.page_size)
+                nsets = max(4, int(256e6 // (pages * spec.layout.page_stride)) + 1)
+                sets = []
+                for _ in range(nsets):
+                    cache = ops.new_cache(pages, "cuda")
+                    k = random_keys(n, spec.head_dim, g, "cuda")
+                    if pattern == "random":   # distinct random slots (decode-like scatter)
+                        loc = torch.randperm(pages * spec.page_size, device="cuda")[:n]
+                    else:                     # whole pages in a random order (a prefill)
+                        loc = (torch.randperm(pages, device="cuda")[:, None] * spec.page_size
+                               + torch.arange(spec.page_size, device="cuda")).flatten()[:n]
+                    sets.append((k, cache, loc))
+                us = time_fn([lambda a=a: ops.store(*a) for a in sets], iters=60)
+                nbytes = n * (spec.head_dim * 2 + spec.bytes_per_token + 8)
+                gbs = nbytes / us / 1e3
+                print(f"  store N={n:6d} {pattern:6s} {us:8.1f} us {gbs:6.0f} GB/s {100 * gbs / bw:5.1f}%", flush=True)
+                del sets
         for B, ctx in SHAPES:
             for next_n in spec.next_n:
                 nsets = max(4, int(256e6 // (B * ctx * spec.bytes_per_token)) + 1)

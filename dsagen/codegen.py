@@ -147,25 +147,47 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     TMA producer warp, ``ws_stages`` tiles in flight each; the default where :func:`uses_ws`),
     ``wgmma`` (one warpgroup per CTA that both copies with cp.async and computes, ``stages``
     tiles in flight; the other WGMMA layouts, and where ``ws`` does not fit in shared memory) or
-    ``simt`` (the portable fp32 CUDA-core kernel everywhere). ``promote``: sum each WGMMA K step
-    in fp32 on the CUDA cores every ``promote`` K steps of 32 bytes (True = 1, False/0 = never);
-    2 for e4m3 because Hopper's fp8 tensor-core accumulator is not full fp32 (H200, relative L2
-    error: 1.2e-4..1.9e-4 never, 6.9e-5..8.2e-5 every 2 steps, 4.2e-5..4.9e-5 every step; every
-    2 steps was 13 % faster than every step at next_n 2).
+    ``simt`` (the portable fp32 CUDA-core kernel everywhere).
+
+    ``promote``: sum each WGMMA K step in fp32 on the CUDA cores every ``promote`` K steps of
+    32 bytes (True = 1, False/0 = never). Hopper's fp8 tensor-core accumulator is not full fp32:
+    relative L2 error on the H200 1.1e-4..1.5e-4 without promotion (DeepGEMM's
+    ``fp8_paged_mqa_logits`` measured 1.3e-4 against the same reference), 6.9e-5..8.2e-5 every 2
+    steps, 4.2e-5..4.9e-5 every step; all inside the fp8 bar of :mod:`dsagen.verify`. 0 by
+    default: every 2 steps cost 30 % at next_n 2 (B=128 ctx 32768: 242.8 vs 186.1 us).
+
     ``fuse``: where ``next_n * num_heads <= fuse`` (and the accumulators fit in the math
-    warpgroups' registers, :func:`_fuse_max_n`), one WGMMA chain covers all next_n positions
-    (N = next_n * num_heads); 128 for 16-bit keys (bf16 next_n 2, B=128, ctx 32768: 342 -> 319
-    us on the H200), 0 for fp8 (with promotion its accumulators spill at 3 math warpgroups).
-    ``math_wgs``: 1 to 3 (3 for 8-bit keys with up to 64 heads, else 2). ``maxnreg``: registers
-    per thread of the math warpgroups by ``setmaxnreg`` (0: off; warpgroup 0 keeps 40).
+    warpgroups' registers, :func:`_fuse_max_n`), every next_n position's accumulators are in
+    flight at once (128: next_n 2 at 64 heads). ``chains``: without promotion, the WGMMA chains
+    per next_n position (1 or 2, each its own commit group so an epilogue overlaps the next
+    chain) or 0 = one chain over every fused position (N = next_n * num_heads), the fastest on
+    the H200 (fp8 next_n 2, B=128 ctx 32768: 199 us vs 218 us with 1 chain, 255 us with 2).
+    ``math_wgs``: 1 to 4 (3 with up to 64 heads, else 2; with 4, warpgroup 0 is all producer
+    warps, which write the -inf tail after their tiles; 4 was slower than 3 on the H200).
+    ``wregs``: the math warpgroups hold their head weights in registers (read once per request,
+    where ``next_n * num_heads <= 128``) instead of reading them from shared memory every tile
+    (fp8 next_n 2: 199.8 -> 186.1 us). ``maxnreg``: registers per thread of the math warpgroups
+    by ``setmaxnreg`` (0: off; warpgroup 0 keeps 40). ``store_passes``: tokens each store thread
+    converts per grid step (1 or 2).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
-    return {"stages": 4 if spec.key.bits == 8 else 2, "promote": 2 if spec.key_dtype == "e4m3" else 0,
+    return {"stages": 4 if spec.key.bits == 8 else 2, "promote": 0,
             "kernel": "ws" if uses_ws(spec) else "wgmma",
-            # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 fp8 heads
-            "math_wgs": 3 if spec.key.bits == 8 and spec.num_heads <= 64 else 2, "ws_stages": 4,
-            "math": True, "fuse": 128 if spec.key.bits == 16 else 0, "maxnreg": 0}
+            # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 heads
+            "math_wgs": 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
+            "math": True, "fuse": 128, "maxnreg": 0, "chains": 0,
+            "wregs": True, "store_passes": 1}
+
+
+def _chains(spec: Spec, tune: dict[str, Any]) -> int:
+    """WGMMA chains per next_n position without promotion (tuning ``chains``: 1 or 2; 1 where
+    the heads do not split into chains of a multiple of 8; 0 = one chain over every position's
+    rows where ``fuse`` applies, else one per position)."""
+    c = int(tune["chains"])
+    if c not in (0, 1, 2):
+        raise ValueError(f"tuning chains={c}: must be 0, 1 or 2")
+    return c if c == 0 or spec.num_heads % (8 * c) == 0 else 1
 
 
 def _promote_steps(spec: Spec, tune: dict[str, Any]) -> int:
@@ -177,23 +199,32 @@ def _promote_steps(spec: Spec, tune: dict[str, Any]) -> int:
 
 
 def _fuse_max_n(spec: Spec, tune: dict[str, Any]) -> int:
-    """Largest N = next_n * num_heads that tuning ``fuse`` runs as one WGMMA chain: ``fuse``,
-    at most 256 (WGMMA's N), and small enough that the N/2 accumulators per thread (N with a
-    promotion buffer) leave ~40 of the math warpgroups' registers for the rest (128 per thread
-    at 3 math warpgroups, 168 at 2; a smaller ``maxnreg`` lowers it, a larger one does not
+    """Largest N = next_n * num_heads whose accumulators tuning ``fuse`` keeps in flight at
+    once (one WGMMA chain with promotion; chains of ``num_heads / chains`` rows without):
+    ``fuse``, at most 256 (WGMMA's N), and small enough that the N/2 accumulators per thread (N
+    with a promotion buffer) leave 32 (40 with promotion) of the math warpgroups' registers for
+    the rest (96 per thread at 4 math warpgroups, 128 at 3, 168 at 2; a smaller ``maxnreg`` lowers it, a larger one does not
     raise it: ptxas compiles the whole kernel within the launch bound): beyond that ptxas
     spills, or cannot allocate the instruction at all (N=256 at 3 math warpgroups)."""
     wgs, maxnreg = int(tune["math_wgs"]), int(tune["maxnreg"])
     regs = min(255, 65536 // (128 * (1 + wgs)) // 8 * 8)
     if maxnreg:
         regs = min(regs, maxnreg)
-    per_n = 1.0 if _promote_steps(spec, tune) else 0.5    # accumulator registers per unit of N
-    return min(256, int(tune["fuse"]), int((regs - 40) / per_n) // 8 * 8)
+    promote = bool(_promote_steps(spec, tune))
+    per_n = 1.0 if promote else 0.5                  # accumulator registers per unit of N
+    rest = 40 if promote else 32                     # what the rest of the math code keeps
+    return min(256, int(tune["fuse"]), int((regs - rest) / per_n) // 8 * 8)
 
 
 def _mma_ns(spec: Spec, tune: dict[str, Any]) -> list[int]:
     """WGMMA N sizes the kernels use: num_heads, and next_n * num_heads where ``fuse`` allows."""
     cap = _fuse_max_n(spec, tune)
+    if not _promote_steps(spec, tune):   # chains of num_heads / chains rows, or all fused rows
+        c = _chains(spec, tune)
+        if c == 0:
+            return sorted({spec.num_heads} | {nn * spec.num_heads for nn in spec.next_n
+                                              if nn > 1 and nn * spec.num_heads <= cap})
+        return [spec.num_heads // c]
     return sorted({spec.num_heads} | {nn * spec.num_heads for nn in spec.next_n
                                       if nn > 1 and nn * spec.num_heads <= cap})
 
@@ -261,6 +292,9 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "fuse": _fuse_max_n(spec, tune) > 0,
         "fuse_max_n": max(0, _fuse_max_n(spec, tune)),
         "mma_ns": _mma_ns(spec, tune),
+        "chains": _chains(spec, tune),
+        "store_passes": int(tune["store_passes"]),
+        "wregs": bool(tune["wregs"]),
         "ws_regs": _ws_regs(tune),
         "k_step_bytes": 32,
         "mma_op": _mma_op(spec),

@@ -74,11 +74,16 @@ def test_tunings_the_registers_cannot_hold_are_capped_or_refused():
     (N=256 at 3 math warpgroups does not compile: ptxas C7602), and `maxnreg` beyond the
     register file is an error naming the tuning."""
     spec = dsagen.load_spec(SPECS["fp8_e4m3_page64"])
-    src = render(spec, {"fuse": 256})                     # 3 math WGs with promotion: 88 at most
+    src = render(spec, {"fuse": 256, "promote": 2})       # 3 math WGs with promotion: 88 at most
     assert "MmaN<128>" not in src["paged_logits.cu"] and "NEXT_N * kNumHeads <= 88" in src["paged_logits.cu"]
-    src = render(spec, {"fuse": 128, "promote": False})   # 64 accumulators fit in 128 registers
-    assert "struct MmaN<128>" in src["paged_logits.cu"]
+    src = render(spec)                                    # 64 accumulators fit in 128 registers
+    assert "NEXT_N * kNumHeads <= 128" in src["paged_logits.cu"]
+    assert "struct MmaN<128>" in src["paged_logits.cu"]   # the default: one N=128 chain
+    src = render(spec, {"chains": 1})                     # one N=64 chain per position
+    assert "struct MmaN<128>" not in src["paged_logits.cu"] and "struct MmaN<64>" in src["paged_logits.cu"]
+    src = render(spec, {"fuse": 256, "math_wgs": 4})      # 640 threads: 96 registers
+    assert "NEXT_N * kNumHeads <= 128" in src["paged_logits.cu"]
     bf16 = dsagen.load_spec(SPECS["bf16_page64"])
-    assert "struct MmaN<128>" in render(bf16)["paged_logits.cu"]   # the default for 16-bit keys
+    assert "NEXT_N * kNumHeads <= 128" in render(bf16)["paged_logits.cu"]   # the default for 16-bit keys
     with pytest.raises(ValueError, match="maxnreg"):
         render(spec, {"maxnreg": 200})                    # 128*40 + 3*128*200 > 65536

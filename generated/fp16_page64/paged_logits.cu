@@ -4,7 +4,7 @@
 // Kernels:
 //  * paged_logits_ws (sm_90a, layouts TMA can address): warp-specialized persistent grid, one
 //    CTA per SM: a producer warp brings 64-token key tiles in by TMA (128B-swizzled) for
-//    2 math warpgroups, each with its own stages, which run WGMMA M=64 keys x
+//    3 math warpgroups, each with its own stages, which run WGMMA M=64 keys x
 //    N=heads x K=head_dim per next_n position (CuTe's SM90 GMMA atoms), the relu*w head
 //    reduction, key scale and masking in registers.
 //  * paged_logits_wgmma (sm_90a): persistent grid, one warpgroup per CTA, 64-token key tiles
@@ -20,6 +20,7 @@
 #include <cuda_fp8.h>
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/arch/mma_sm90_gmma_ext.hpp>
@@ -350,25 +351,39 @@ __device__ __forceinline__ void fill_tail(const int* context_lens, bool ctx_2d, 
   }
 }
 
-// Epilogue of next_n position i of a 64-key tile from its kNumHeads / 2 WGMMA accumulators `a`
-// (a[4j + {0,1}] = key r0, heads 8j + 2*quad + {0,1}; a[4j + {2,3}] = key r0 + 8, same heads):
-// relu * w, the sum over heads, the key scales sc0 / sc1, the mask and the store.
-template <int NEXT_N>
-__device__ __forceinline__ void store_position(const float* a, int i, const float* sw, float sc0, float sc1,
-                                               const int* bound, float* logits_b, int64_t max_context_len,
-                                               int max_len, int j0, bool clean_logits, int wlane) {
-  const int warp = wlane >> 5, lane = wlane & 31, quad = lane & 3;
-  const int r0 = warp * 16 + (lane >> 2);
-  const float* wq = sw + i * kNumHeads + quad * 2;
-  float s0 = 0.f, s1 = 0.f;
+// relu * w summed over the R heads of one WGMMA accumulator chain `a` (R / 2 values:
+// a[4j + {0,1}] = key r0, heads 8j + 2*quad + {0,1} of the chain; a[4j + {2,3}] = key r0 + 8,
+// same heads) into four independent partial sums s[0..3] (a[4j + c] goes to s[c]), `wq` = the
+// chain's first weight of the thread. relu(x) * w is accumulated as (x + |x|) * w, exactly twice the
+// value (an FADD with an absolute-value operand on the FMA pipe instead of a float max on the
+// busier ALU pipe); store_sums takes the 1/2 back with the key scale.
+// The weights of head pair j are wq[j * S], wq[j * S + 1]: S = 8 in shared memory (sw + 2*quad),
+// S = 2 in the thread's registers (tuning `wregs`).
+template <int R, int S>
+__device__ __forceinline__ void head_sums(const float* a, const float* wq, float (&s)[4]) {
 #pragma unroll
-  for (int j = 0; j < kNumHeads / 8; ++j) {
-    const float2 w = *reinterpret_cast<const float2*>(wq + j * 8);
-    s0 = fmaf(fmaxf(a[4 * j + 0], 0.f), w.x, s0);
-    s0 = fmaf(fmaxf(a[4 * j + 1], 0.f), w.y, s0);
-    s1 = fmaf(fmaxf(a[4 * j + 2], 0.f), w.x, s1);
-    s1 = fmaf(fmaxf(a[4 * j + 3], 0.f), w.y, s1);
+  for (int j = 0; j < R / 8; ++j) {
+    float2 w;
+    if constexpr (S == 8) w = *reinterpret_cast<const float2*>(wq + j * 8);
+    else w = make_float2(wq[j * S], wq[j * S + 1]);
+    s[0] = fmaf(a[4 * j + 0] + fabsf(a[4 * j + 0]), w.x, s[0]);
+    s[1] = fmaf(a[4 * j + 1] + fabsf(a[4 * j + 1]), w.y, s[1]);
+    s[2] = fmaf(a[4 * j + 2] + fabsf(a[4 * j + 2]), w.x, s[2]);
+    s[3] = fmaf(a[4 * j + 3] + fabsf(a[4 * j + 3]), w.y, s[3]);
   }
+}
+
+// Epilogue of next_n position i of a 64-key tile from its head_sums `s`: the sum over the
+// quad's lanes (all heads), the key scales sc0 (key r0) / sc1 (key r0 + 8) with the 1/2 of
+// head_sums (bitwise the same as summing relu(x) * w: every step was exactly doubled), the
+// mask and the store of logits[b*NEXT_N + i, j0 + key].
+template <int NEXT_N>
+__device__ __forceinline__ void store_sums(const float (&s)[4], int i, float sc0, float sc1, const int* bound,
+                                           float* logits_b, int64_t max_context_len, int max_len, int j0,
+                                           bool clean_logits, int wlane) {
+  const int lane = wlane & 31, quad = lane & 3;
+  const int r0 = (wlane >> 5) * 16 + (lane >> 2);
+  float s0 = s[0] + s[1], s1 = s[2] + s[3];
   s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
   s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
   s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
@@ -376,8 +391,8 @@ __device__ __forceinline__ void store_position(const float* a, int i, const floa
   if (quad == (i & 3)) {
     float* out = logits_b + i * max_context_len;
     const int ja = j0 + r0, jb = j0 + r0 + 8;
-    if (ja < max_len) out[ja] = (ja < bound[i] || !clean_logits) ? s0 * sc0 : kNegInf;
-    if (jb < max_len) out[jb] = (jb < bound[i] || !clean_logits) ? s1 * sc1 : kNegInf;
+    if (ja < max_len) out[ja] = (ja < bound[i] || !clean_logits) ? s0 * (0.5f * sc0) : kNegInf;
+    if (jb < max_len) out[jb] = (jb < bound[i] || !clean_logits) ? s1 * (0.5f * sc1) : kNegInf;
   }
 }
 
@@ -446,32 +461,115 @@ __device__ __forceinline__ void mma_rows(uint32_t a_base, uint32_t b_base, int b
   }
 }
 
+// Without promotion: G WGMMA chains of R query rows each (chain g: rows [g*R, (g+1)*R) of a B
+// operand of `b_rows` rows per 128-byte K chunk, from b_base) are all issued at once, each its
+// own commit group; then, for g in order, epi(g, acc[g]) runs as soon as chain g is done, while
+// the tensor core works on the later chains (acc[g] laid out as in mma_rows).
+template <int G, int R, int g, typename Epi>
+__device__ __forceinline__ void chain_epilogues(float (&acc)[G][R / 2], Epi& epi) {
+  if constexpr (g < G) {
+    cute::warpgroup_wait<G - 1 - g>();
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) cute::warpgroup_fence_operand(acc[g][r]);
+    epi(std::integral_constant<int, g>{}, acc[g]);
+    chain_epilogues<G, R, g + 1>(acc, epi);
+  }
+}
+
+template <int G, int R, typename Epi>
+__device__ __forceinline__ void mma_chains(uint32_t a_base, uint32_t b_base, int b_rows, float (&acc)[G][R / 2],
+                                           Epi&& epi) {
+  using M = MmaN<R>;
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) cute::warpgroup_fence_operand(acc[g][r]);
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int k = 0; k < kKSteps; ++k) {
+      const int kb = k * kKStep;
+      M::fma(gmma_desc(a_base + (kb / 128) * (kTile * 128) + (kb % 128)),
+             gmma_desc(b_base + g * R * 128 + (kb / 128) * (b_rows * 128) + (kb % 128)), acc[g], k > 0);
+    }
+    cute::warpgroup_commit_batch();
+  }
+  chain_epilogues<G, R, 0>(acc, epi);
+}
+
+// WGMMA chains per next_n position without promotion (tuning `chains`: the position's heads in
+// 1 or 2 chains, so the epilogue of the first overlaps the second's tensor-core work; 0: with
+// `fuse`, one chain over all positions' rows).
+constexpr int kChains = 0;
+static_assert(kNumHeads % (8 * (kChains > 0 ? kChains : 1)) == 0, "each chain holds a multiple of 8 heads");
+
 // One warpgroup scores one 64-key tile (swizzled, at a_base) against the NEXT_N * kNumHeads
-// query rows of its request (swizzled, at b_base; weights `sw`): WGMMA M=64 keys x N=kNumHeads x
-// K=head_dim per next_n position (or, tuning `fuse`, one chain with N = NEXT_N * kNumHeads),
-// then per position relu * w, the sum over heads, the key scales sc0 (row r0) and sc1 (row
-// r0 + 8), the mask and the store of logits[b*NEXT_N + i, j0 + row]. `wlane` is the thread's
-// index in the warpgroup (0..127). FUSE: kFuse<NEXT_N> in paged_logits_ws (the tuning covers
-// that kernel only).
-template <int NEXT_N, bool FUSE = false>
+// query rows of its request (swizzled, at b_base; weights `sw`): WGMMA M=64 keys x N query
+// rows x K=head_dim, then per position relu * w, the sum over heads, the key scales sc0 (row
+// r0) and sc1 (row r0 + 8), the mask and the store of logits[b*NEXT_N + i, j0 + row]. `wlane`
+// is the thread's index in the warpgroup (0..127). release() runs once the tensor core has
+// read the tile for the last time (the caller frees its stage).
+// FUSE (tuning `fuse`, paged_logits_ws only): every position in flight at once: without
+// promotion NEXT_N * kChains chains, each epilogue overlapping the later chains; with promotion
+// one chain of N = NEXT_N * kNumHeads rows. Otherwise the positions run one after the other.
+template <int NEXT_N, bool FUSE = false, int S = 8, typename Release>
 __device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, const float* sw, float sc0, float sc1,
                                             const int* bound, float* logits_b, int64_t max_context_len,
-                                            int max_len, int j0, bool clean_logits, int wlane) {
+                                            int max_len, int j0, bool clean_logits, int wlane, Release&& release) {
   constexpr int N = NEXT_N * kNumHeads;
-  if constexpr (FUSE) {
+  // S = 8: sw is the request's weights in shared memory; S = 2: the thread's weights in registers
+  // (NEXT_N x kNumHeads / 4: head pairs 8j + 2*quad + {0,1}), see load_weights
+  const float* wq = S == 8 ? sw + (wlane & 3) * 2 : sw;
+  constexpr int kPos = kNumHeads * S / 8;              // weights of one position at wq
+  if constexpr (kPromote == 0 && FUSE && kChains == 0) {
+    float acc[1][N / 2];
+    mma_chains<1, N>(a_base, b_base, N, acc, [&](auto, const float* a) {
+      release();
+#pragma unroll
+      for (int i = 0; i < NEXT_N; ++i) {
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        head_sums<kNumHeads, S>(a + i * (kNumHeads / 2), wq + i * kPos, s);
+        store_sums<NEXT_N>(s, i, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
+      }
+    });
+  } else if constexpr (kPromote == 0) {
+    constexpr int R = kNumHeads / (kChains > 0 ? kChains : 1);
+    constexpr int C = kNumHeads / R;
+    constexpr int P = FUSE ? NEXT_N : 1;                 // positions in flight at once
+    float s[4];
+#pragma unroll
+    for (int i0 = 0; i0 < NEXT_N; i0 += P) {
+      float acc[P * C][R / 2];
+      mma_chains<P * C, R>(a_base, b_base + i0 * kNumHeads * 128, N, acc, [&](auto gc, const float* a) {
+        constexpr int g = decltype(gc)::value, c = g % C;
+        const int i = i0 + g / C;
+        if (g == P * C - 1 && i0 + P == NEXT_N) release();
+        if (c == 0) s[0] = s[1] = s[2] = s[3] = 0.f;
+        head_sums<R, S>(a, wq + i * kPos + c * R * S / 8, s);
+        if (c == C - 1)
+          store_sums<NEXT_N>(s, i, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
+      });
+    }
+  } else if constexpr (FUSE) {
     float acc[N / 2];
     mma_rows<N, 1>(a_base, b_base, N, acc);
+    release();
 #pragma unroll
-    for (int i = 0; i < NEXT_N; ++i)
-      store_position<NEXT_N>(acc + i * (kNumHeads / 2), i, sw, sc0, sc1, bound, logits_b, max_context_len,
-                             max_len, j0, clean_logits, wlane);
+    for (int i = 0; i < NEXT_N; ++i) {
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+      head_sums<kNumHeads, S>(acc + i * (kNumHeads / 2), wq + i * kPos, s);
+      store_sums<NEXT_N>(s, i, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < NEXT_N; ++i) {
       float acc[kNumHeads / 2];
       mma_rows<kNumHeads, 2>(a_base, b_base + i * kNumHeads * 128, N, acc);
-      store_position<NEXT_N>(acc, i, sw, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits,
-                             wlane);
+      if (i == NEXT_N - 1) release();
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+      head_sums<kNumHeads, S>(acc, wq + i * kPos, s);
+      store_sums<NEXT_N>(s, i, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
     }
   }
 }
@@ -581,7 +679,7 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
       const float sc1 = kQuantized ? sscale[stage * kTile + r0 + 8] : 1.f;
       tile_logits<NEXT_N>(smem_u32(sk + stage * kTileBytes), smem_u32(sq + cons_slot * kQBytes), sw + cons_slot * N,
                           sc0, sc1, bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len,
-                          max_len, cons.unit * kTile, clean_logits, tid);
+                          max_len, cons.unit * kTile, clean_logits, tid, [] {});
       ++consumed;
       cons.advance(context_lens, ctx_2d, batch, max_len);
       __syncthreads();   // the stage may be refilled now
@@ -602,22 +700,26 @@ static_assert(wgmma_smem_bytes<2>() == 100864, "dsagen.codegen.wgmma_smem_bytes 
 
 // Key tiles in flight per math warpgroup of paged_logits_ws at each next_n (0: not used).
 template <int NEXT_N> constexpr int kWsStagesFor = 0;
-template <> constexpr int kWsStagesFor<1> = 4;
-template <> constexpr int kWsStagesFor<2> = 4;
+template <> constexpr int kWsStagesFor<1> = 3;
+template <> constexpr int kWsStagesFor<2> = 3;
 
 // ------------------------------------------------------------------------------------------
 // Warp-specialized sm_90a kernel: one CTA per SM; kMathWGs math warpgroups each own every
 // kMathWGs-th 64-token tile of a split of kMathWGs*64 tokens with STAGES tiles in flight
 // (full/empty mbarriers per stage), each fed by its own producer warp of warpgroup 0 (TMA: a
 // 3-D tensor copy of each key tile, 128B-swizzled, and a bulk copy of its 64 scales; warp 0
-// also brings q and the weights of each request); the remaining warps write the -inf tail.
+// also brings q and the weights of each request); the remaining warps (the producers, with 4
+// math warpgroups, once their tiles are issued) write the -inf tail.
 // The schedule splits the requests' splits over the grid on the device (no host sync, no
 // metadata launch).
 // ------------------------------------------------------------------------------------------
-constexpr int kMathWGs = 2;
+constexpr int kMathWGs = 3;
+// tuning `wregs`: the math warpgroups keep their weights in registers (read once per request)
+// where NEXT_N * kNumHeads <= 128 (at most 32 registers)
+template <int NEXT_N> constexpr bool kWRegsFor = true && NEXT_N * kNumHeads <= 128;
 constexpr int kSplit = kMathWGs * kTile;                 // tokens per schedule unit
 constexpr int kWsThreads = 128 * (1 + kMathWGs);
-static_assert(kMathWGs >= 1 && kMathWGs <= 3, "warpgroup 0 holds one producer warp per math warpgroup and a tail warp");
+static_assert(kMathWGs >= 1 && kMathWGs <= 4, "warpgroup 0 holds one producer warp per math warpgroup");
 constexpr int kScaleTileBytes = kQuantized ? kTile * 4 : 0;
 static_assert(kPageSize % kTile == 0 && kKeyTokenStride % 16 == 0 && kPageStride % 16 == 0 &&
               (!kQuantized || (kScaleTokenStride == 4 && kScaleBase % 16 == 0)), "layout not addressable by TMA");
@@ -764,6 +866,9 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       fill_tail<NEXT_N>(context_lens, ctx_2d, batch, max_len, logits, max_context_len, tid - 32 * kMathWGs,
                         128 - 32 * kMathWGs);
   }
+  // with 4 math warpgroups no warp is left over: the producers write the tail after their tiles
+  if (kMathWGs == 4 && clean_logits)
+    fill_tail<NEXT_N>(context_lens, ctx_2d, batch, max_len, logits, max_context_len, tid, 128);
   } else if (lo < hi) {
     // ---- math warpgroup w: tile w of every split -----------------------------------------------
     const int w = warp / 4 - 1, wlane = tid & 127;
@@ -772,6 +877,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     cur.len = request_len<NEXT_N>(context_lens, ctx_2d, cur.b, max_len);
     int phase = -1, prev_b = -1, count = 0;
     int bound[NEXT_N];
+    float wr[kWRegsFor<NEXT_N> ? NEXT_N * kNumHeads / 4 : 1];
     for (int u = lo; u < hi; ++u) {
       const int b = cur.b;
       if (b != prev_b) {
@@ -780,6 +886,16 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
         mbar_wait(q_full + (phase & 1), (phase >> 1) & 1);
 #pragma unroll
         for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
+        if constexpr (kWRegsFor<NEXT_N>) {   // this thread's weights: head pairs 8j + 2*quad + {0,1} of each position
+          const float* src = sw + (phase & 1) * N + (lane & 3) * 2;
+#pragma unroll
+          for (int i = 0; i < NEXT_N; ++i)
+#pragma unroll
+            for (int j = 0; j < kNumHeads / 8; ++j) {
+              wr[i * (kNumHeads / 4) + 2 * j] = src[i * kNumHeads + 8 * j];
+              wr[i * (kNumHeads / 4) + 2 * j + 1] = src[i * kNumHeads + 8 * j + 1];
+            }
+        }
         prev_b = b;
       }
       const int tile = cur.unit * kMathWGs + w;
@@ -789,11 +905,11 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
         mbar_wait(full + t, (count / STAGES) & 1);
         const float sc0 = kQuantized ? sscale[t * kTile + r0] : 1.f;
         const float sc1 = kQuantized ? sscale[t * kTile + r0 + 8] : 1.f;
-        tile_logits<NEXT_N, kFuse<NEXT_N>>(smem_u32(sk + t * kTileBytes), smem_u32(sq + (phase & 1) * kQBytes),
-                                           sw + (phase & 1) * N,
+        // the stage is freed (this thread's reads are done) as soon as the tensor core has read it
+        tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(smem_u32(sk + t * kTileBytes),
+                                           smem_u32(sq + (phase & 1) * kQBytes), kWRegsFor<NEXT_N> ? wr : sw + (phase & 1) * N,
                             sc0, sc1, bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len,
-                            max_len, tile * kTile, clean_logits, wlane);
-        mbar_arrive(empty + t);                         // this thread's reads of the stage are done
+                            max_len, tile * kTile, clean_logits, wlane, [&] { mbar_arrive(empty + t); });
         ++count;
       }
       cur.advance(context_lens, ctx_2d, batch, max_len);
@@ -808,8 +924,8 @@ constexpr int ws_smem_bytes() {
   return 1024 + kTiles * kTileBytes + 2 * N * kRowBytes + kTiles * kTile * 4 + 2 * N * 4 + (2 * kTiles + 4) * 8;
 }
 // the host side (dsagen.codegen.ws_smem_bytes / ws_stages) chose the stage counts with the same figures
-static_assert(ws_smem_bytes<1, 4>() == 167584, "dsagen.codegen.ws_smem_bytes disagrees");
-static_assert(ws_smem_bytes<2, 4>() == 200864, "dsagen.codegen.ws_smem_bytes disagrees");
+static_assert(ws_smem_bytes<1, 3>() == 184240, "dsagen.codegen.ws_smem_bytes disagrees");
+static_assert(ws_smem_bytes<2, 3>() == 217520, "dsagen.codegen.ws_smem_bytes disagrees");
 
 // cuTensorMapEncodeTiled from the driver, found through the runtime (no -lcuda at link time).
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {

@@ -4,7 +4,7 @@
 // Kernels:
 //  * paged_logits_ws (sm_90a, layouts TMA can address): warp-specialized persistent grid, one
 //    CTA per SM: a producer warp brings 64-token key tiles in by TMA (128B-swizzled) for
-//    2 math warpgroups, each with its own stages, which run WGMMA M=64 keys x
+//    3 math warpgroups, each with its own stages, which run WGMMA M=64 keys x
 //    N=heads x K=head_dim per next_n position (CuTe's SM90 GMMA atoms), the relu*w head
 //    reduction, key scale and masking in registers.
 //  * paged_logits_wgmma (sm_90a): persistent grid, one warpgroup per CTA, 64-token key tiles
@@ -20,6 +20,7 @@
 #include <cuda_fp8.h>
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
 
 #include "layout.h"
 

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <algorithm>
 #include <cstdint>
 
 #include "layout.h"
@@ -13,14 +14,14 @@ namespace dsagen_fp8_e4m3_page64_e36e70d2ea {
 using KeyT = __nv_fp8_e4m3;
 // Thread mapping: each thread owns kPerThread consecutive key elements of one token, so a token is
 // kThreadsPerToken adjacent lanes (4..32; a power of two) and a warp holds 32 / kThreadsPerToken
-// tokens. Each thread handles kPasses tokens, loading all of them before it converts any, to keep
-// enough bytes in flight for prefill-sized N.
+// tokens. Each thread handles kPasses tokens per step, loading all of them (and those of its next
+// step) before it converts any, to keep enough bytes in flight for prefill-sized N.
 constexpr int kPerThread = 8;                                   // 16 B of bf16 input, 32 B of fp32
 constexpr int kThreadsPerToken = kHeadDim / kPerThread;
 constexpr int kThreadBytes = kPerThread * 8 / 8;  // key bytes per thread
 constexpr int kVec = 8;                           // widest aligned store (bytes)
 constexpr int kBlockThreads = 256;
-constexpr int kPasses = 2;
+constexpr int kPasses = 1;
 constexpr int kTokensPerPass = kBlockThreads / kThreadsPerToken;
 constexpr int kTokensPerBlock = kTokensPerPass * kPasses;
 static_assert(kHeadDim % kPerThread == 0 && kThreadsPerToken <= 32 &&
@@ -70,71 +71,143 @@ __device__ __forceinline__ float pow2_ceil(float s) {
   return m == 0.5f ? s : ldexpf(1.0f, e);
 }
 
-// k: [n, kHeadDim] of In (fp32 or bf16), 16-byte aligned; loc: [n] int64 slots.
+// x / scale for the thread's elements, bitwise the IEEE quotient (as the reference): x times
+// the correctly rounded reciprocal is within one ulp, and one FMA residual step then rounds it
+// correctly (Markstein) for every normal quotient; a quotient too small to be normal is far
+// below the smallest e4m3 value either way. The sign of a zero is x's. A scale whose
+// reciprocal is 0 or infinite (never from a finite amax) takes the IEEE division.
+__device__ __forceinline__ void divide(float (&x)[kPerThread], float scale) {
+  const float r = 1.0f / scale;
+  if (r == 0.f || isinf(r)) {
+#pragma unroll
+    for (int e = 0; e < kPerThread; ++e) x[e] = x[e] / scale;
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < kPerThread; ++e) {
+    const float q = x[e] * r;
+    x[e] = copysignf(fmaf(fmaf(-q, scale, x[e]), r, q), x[e]);
+  }
+}
+
+// Quantizes one token's part (kPerThread elements, lane `sub` of its token) and writes it and,
+// for the first lane of each scale block, the scale. Lanes of tokens past n (valid false) take
+// part in the shuffles (full-warp masks) but write nothing.
+template <typename In>
+__device__ __forceinline__ void store_token(const Raw<In>& raw, bool valid, int64_t slot, int sub,
+                                            uint8_t* __restrict__ kv_cache) {
+  float x[kPerThread];
+  if (valid) to_float(raw, x);
+  else {
+#pragma unroll
+    for (int e = 0; e < kPerThread; ++e) x[e] = 1.f;
+  }
+  // amax over this thread's scale block: a butterfly inside aligned groups of kLanesPerScale lanes
+  float amax = 0.f;
+#pragma unroll
+  for (int e = 0; e < kPerThread; ++e) amax = fmaxf(amax, fabsf(x[e]));
+#pragma unroll
+  for (int o = kLanesPerScale / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  amax = fmaxf(amax, kAmaxFloor);
+  float scale = amax / kKeyMax;                 // IEEE division, as the reference
+  if (kScalePow2) scale = pow2_ceil(scale);
+  if (valid && sub % kLanesPerScale == 0) {
+    uint8_t* sp = kv_cache + scale_offset(slot) + (sub / kLanesPerScale) * kScaleSize;
+    if (kScaleUE8M0) store_scale(sp, scale);
+    else *reinterpret_cast<float*>(sp) = scale;  // fp32 scales are 4-byte aligned in every layout
+  }
+  divide(x, scale);
+  if (!valid) return;
+  union { uint8_t b[kThreadBytes]; Bytes<kVec>::T v[kThreadBytes / kVec]; } out;
+#pragma unroll
+  for (int e = 0; e < kPerThread; e += 2) {
+    // round-to-nearest-even, saturating to +-448 (one cvt for two values)
+    const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(make_float2(x[e], x[e + 1]), __NV_SATFINITE, __NV_E4M3);
+    memcpy(out.b + e, &two, 2);
+  }
+  uint8_t* dst = kv_cache + key_offset(slot) + sub * kThreadBytes;
+  using V = Bytes<kVec>::T;
+#pragma unroll
+  for (int i = 0; i < kThreadBytes / kVec; ++i) reinterpret_cast<V*>(dst)[i] = out.v[i];
+}
+
+// k: [n, kHeadDim] of In (fp32 or bf16), 16-byte aligned; loc: [n] int64 slots. A grid of at
+// most one wave strides over the tokens, kTokensPerBlock per block and step; each thread loads
+// its kPasses tokens of the next step before it converts those of this one, so the reads of
+// the next step overlap the quantization and the scattered writes of this one.
 template <typename In>
 __global__ void __launch_bounds__(kBlockThreads)
 store_kernel(const In* __restrict__ k, uint8_t* __restrict__ kv_cache,
              const int64_t* __restrict__ loc, int64_t n) {
   const int sub = threadIdx.x % kThreadsPerToken;               // this thread's part of its token
-  const int64_t t0 = int64_t(blockIdx.x) * kTokensPerBlock + threadIdx.x / kThreadsPerToken;
+  const int64_t stride = int64_t(gridDim.x) * kTokensPerBlock;
+  // tokens of this thread at this step: t + p * kTokensPerPass; a warp steps while its first
+  // token is < n (the shuffles need every lane)
+  int64_t t = int64_t(blockIdx.x) * kTokensPerBlock + threadIdx.x / kThreadsPerToken;
+  const int lead = (threadIdx.x & 31) / kThreadsPerToken;       // t minus the warp's first token
   Raw<In> raw[kPasses];
   int64_t slot[kPasses];
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
-    const int64_t t = t0 + p * kTokensPerPass;
-    if (t < n) {
-      raw[p] = load_raw(k, t * kHeadDim + sub * kPerThread);
-      slot[p] = __ldcs(loc + t);
+    const int64_t tp = t + p * kTokensPerPass;
+    slot[p] = 0;
+    if (tp < n) {
+      raw[p] = load_raw(k, tp * kHeadDim + sub * kPerThread);
+      slot[p] = __ldcs(loc + tp);
     }
   }
+  for (; t - lead < n; t += stride) {
+    Raw<In> next[kPasses];
+    int64_t next_slot[kPasses];
 #pragma unroll
-  for (int p = 0; p < kPasses; ++p) {
-    // Lanes of tokens past n still take part in the shuffles below (full-warp masks) but write nothing.
-    const bool valid = t0 + p * kTokensPerPass < n;
-    float x[kPerThread];
-    if (valid) to_float(raw[p], x);
-    else {
-#pragma unroll
-      for (int e = 0; e < kPerThread; ++e) x[e] = 1.f;
-    }
-    // amax over this thread's scale block: a butterfly inside aligned groups of kLanesPerScale lanes
-    float amax = 0.f;
-#pragma unroll
-    for (int e = 0; e < kPerThread; ++e) amax = fmaxf(amax, fabsf(x[e]));
-#pragma unroll
-    for (int o = kLanesPerScale / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    amax = fmaxf(amax, kAmaxFloor);
-    float scale = amax / kKeyMax;                 // IEEE division, as the reference
-    if (kScalePow2) scale = pow2_ceil(scale);
-    if (valid && sub % kLanesPerScale == 0) {
-      uint8_t* sp = kv_cache + scale_offset(slot[p]) + (sub / kLanesPerScale) * kScaleSize;
-      if (kScaleUE8M0) store_scale(sp, scale);
-      else *reinterpret_cast<float*>(sp) = scale;  // fp32 scales are 4-byte aligned in every layout
+    for (int p = 0; p < kPasses; ++p) {
+      const int64_t tp = t + stride + p * kTokensPerPass;
+      next_slot[p] = 0;
+      if (tp < n) {
+        next[p] = load_raw(k, tp * kHeadDim + sub * kPerThread);
+        next_slot[p] = __ldcs(loc + tp);
+      }
     }
 #pragma unroll
-    for (int e = 0; e < kPerThread; ++e) x[e] = x[e] / scale;   // IEEE division, as the reference
-    if (!valid) continue;
-    union { uint8_t b[kThreadBytes]; Bytes<kVec>::T v[kThreadBytes / kVec]; } out;
-#pragma unroll
-    for (int e = 0; e < kPerThread; e += 2) {
-      // round-to-nearest-even, saturating to +-448 (one cvt for two values)
-      const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(make_float2(x[e], x[e + 1]), __NV_SATFINITE, __NV_E4M3);
-      memcpy(out.b + e, &two, 2);
+    for (int p = 0; p < kPasses; ++p) {
+      const int64_t tp = t + p * kTokensPerPass;
+      if (tp - lead < n)     // the warp's token of this pass exists: run (lanes past n write nothing)
+        store_token<In>(raw[p], tp < n, slot[p], sub, kv_cache);
     }
-    uint8_t* dst = kv_cache + key_offset(slot[p]) + sub * kThreadBytes;
-    using V = Bytes<kVec>::T;
 #pragma unroll
-    for (int i = 0; i < kThreadBytes / kVec; ++i) reinterpret_cast<V*>(dst)[i] = out.v[i];
+    for (int p = 0; p < kPasses; ++p) {
+      raw[p] = next[p];
+      slot[p] = next_slot[p];
+    }
   }
+}
+
+// Blocks of store_kernel<In> resident per SM and the SM count of the current device (queried
+// once per device).
+template <typename In>
+int store_grid_cap() {
+  constexpr int kMaxDevices = 64;
+  static int cap[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 1 << 30;
+  if (cap[dev] == 0) {
+    int sms = 0, per_sm = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, store_kernel<In>, kBlockThreads, 0);
+    cap[dev] = sms > 0 && per_sm > 0 ? sms * per_sm : 1 << 30;
+  }
+  return cap[dev];
 }
 
 cudaError_t launch_store(const void* k, bool k_fp32, uint8_t* kv_cache, const int64_t* loc, int64_t n,
                          cudaStream_t stream) {
-  const dim3 grid(unsigned((n + kTokensPerBlock - 1) / kTokensPerBlock));
+  const int64_t blocks = (n + kTokensPerBlock - 1) / kTokensPerBlock;
   if (k_fp32)
-    store_kernel<float><<<grid, kBlockThreads, 0, stream>>>(static_cast<const float*>(k), kv_cache, loc, n);
+    store_kernel<float><<<unsigned(std::min<int64_t>(blocks, store_grid_cap<float>())), kBlockThreads, 0, stream>>>(
+        static_cast<const float*>(k), kv_cache, loc, n);
   else
-    store_kernel<__nv_bfloat16><<<grid, kBlockThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(k), kv_cache, loc, n);
+    store_kernel<__nv_bfloat16><<<unsigned(std::min<int64_t>(blocks, store_grid_cap<__nv_bfloat16>())), kBlockThreads,
+                                  0, stream>>>(static_cast<const __nv_bfloat16*>(k), kv_cache, loc, n);
   return cudaGetLastError();
 }
 
