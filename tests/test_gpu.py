@@ -142,7 +142,8 @@ def test_cuda_graph_capture(dsagen_spec, cuda_ops, gen, repro):
     ref = R.paged_logits(q, cache, w, cl, bt, 700, True, spec, compute_dtype=torch.float64)
     v = torch.isfinite(ref)
     assert torch.equal(torch.isneginf(out), ~v)
-    assert rel_err(out[v], ref[v]) < 1e-4, repro
+    # the verification's bar for this kernel (fp8 tensor cores: dsagen.verify.logits_tolerance)
+    assert rel_err(out[v], ref[v]) < logits_tolerance(spec, "cuda", next_n, ops.tuning)[0], repro
 
 
 def test_decode_step_graph_replayed_with_other_context_lengths(dsagen_spec, cuda_ops, gen, repro):
