@@ -163,9 +163,10 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     chain) or 0 = one chain over every fused position (N = next_n * num_heads), the fastest on
     the H200 (fp8 next_n 2, B=128 ctx 32768: 199 us vs 218 us with 1 chain, 255 us with 2).
     ``math_wgs``: 1 to 4 (3 with up to 64 heads, else 2; with 4, warpgroup 0 is all producer
-    warps, which write the -inf tail after their tiles; 4 was slower than 3 on the H200).
+    warps, which write the -inf tail after their tiles; 4 was slower than 3 on the H200, and with
+    more than 64 heads its accumulators spill).
     ``wregs``: the math warpgroups hold their head weights in registers (read once per request,
-    where ``next_n * num_heads <= 128``) instead of reading them from shared memory every tile
+    where ``next_n * num_heads <= 128`` and the registers hold them, :func:`_wregs_max_n`) instead of reading them from shared memory every tile
     (fp8 next_n 2: 199.8 -> 186.1 us). ``maxnreg``: registers per thread of the math warpgroups
     by ``setmaxnreg`` (0: off; warpgroup 0 keeps 40). ``store_passes``: tokens each store thread
     converts per grid step (1 or 2).
@@ -178,6 +179,14 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "math_wgs": 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
             "math": True, "fuse": 128, "maxnreg": 0, "chains": 0,
             "wregs": True, "store_passes": 1}
+
+
+def _check_counts(tune: dict[str, Any]) -> None:
+    """ValueError naming the tuning when ``math_wgs`` is not 1..4 or ``store_passes`` not 1..4."""
+    for key in ("math_wgs", "store_passes"):
+        v = tune[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4:
+            raise ValueError(f"tuning {key}={v!r}: must be an integer from 1 to 4")
 
 
 def _chains(spec: Spec, tune: dict[str, Any]) -> int:
@@ -214,6 +223,35 @@ def _fuse_max_n(spec: Spec, tune: dict[str, Any]) -> int:
     per_n = 1.0 if promote else 0.5                  # accumulator registers per unit of N
     rest = 40 if promote else 32                     # what the rest of the math code keeps
     return min(256, int(tune["fuse"]), int((regs - rest) / per_n) // 8 * 8)
+
+
+def _wregs_max_n(spec: Spec, tune: dict[str, Any]) -> int:
+    """Largest N = next_n * num_heads (at most 128) at which tuning ``wregs`` keeps the N/4
+    head weights of a thread in registers: the next_n values of the spec up to it each fit, with
+    that next_n's accumulators (:func:`_fuse_max_n`'s accounting) and 32 other registers (40
+    with promotion, ``chains`` 2 or fewer than 128 registers), in the math warpgroups'
+    registers; 0 = off. Beyond that ptxas spilled (a review compiled the tunings)."""
+    if not tune["wregs"]:
+        return 0
+    wgs, maxnreg = int(tune["math_wgs"]), int(tune["maxnreg"])
+    regs = min(255, 65536 // (128 * (1 + wgs)) // 8 * 8)
+    if maxnreg:
+        regs = min(regs, maxnreg)
+    promote = bool(_promote_steps(spec, tune))
+    rest = 32 if regs >= 128 and not promote and _chains(spec, tune) != 2 else 40
+    fuse_max, h, best = _fuse_max_n(spec, tune), spec.num_heads, 0
+    for nn in sorted(spec.next_n):
+        n = nn * h
+        if n > 128:
+            break
+        if nn > 1 and n <= fuse_max:
+            acc = n if promote else n // 2        # one chain (with its promotion buffer)
+        else:
+            acc = 3 * h // 2 if promote else h // 2   # one position at a time (two buffers)
+        if acc + n // 4 + rest > regs:
+            break
+        best = n
+    return best
 
 
 def _mma_ns(spec: Spec, tune: dict[str, Any]) -> list[int]:
@@ -261,6 +299,7 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
     """
     from . import config
     tune = {**default_tuning(spec), **(tuning or {})}
+    _check_counts(tune)
     ns = namespace(spec, tuning)
     memo = config.cache_root() / RENDER_MEMO / f"{_render_digest(spec, tune, ns)}.json"
     try:
@@ -294,7 +333,7 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "mma_ns": _mma_ns(spec, tune),
         "chains": _chains(spec, tune),
         "store_passes": int(tune["store_passes"]),
-        "wregs": bool(tune["wregs"]),
+        "wregs_max_n": _wregs_max_n(spec, tune),
         "ws_regs": _ws_regs(tune),
         "k_step_bytes": 32,
         "mma_op": _mma_op(spec),

@@ -354,9 +354,11 @@ __device__ __forceinline__ void fill_tail(const int* context_lens, bool ctx_2d, 
 // relu * w summed over the R heads of one WGMMA accumulator chain `a` (R / 2 values:
 // a[4j + {0,1}] = key r0, heads 8j + 2*quad + {0,1} of the chain; a[4j + {2,3}] = key r0 + 8,
 // same heads) into four independent partial sums s[0..3] (a[4j + c] goes to s[c]), `wq` = the
-// chain's first weight of the thread. relu(x) * w is accumulated as (x + |x|) * w, exactly twice the
+// chain's first weight of the thread. relu(x) * w is accumulated as (x + |x|) * w, twice the
 // value (an FADD with an absolute-value operand on the FMA pipe instead of a float max on the
-// busier ALU pipe); store_sums takes the 1/2 back with the key scale.
+// busier ALU pipe); store_sums takes the 1/2 back with the key scale. Exactly twice for finite
+// x below 2^127 whose products and sums stay normal; unlike relu, an infinite dot product gives
+// NaN for -inf and overflows from 2^127 on (inputs no fp8 / bf16 key and query produce).
 // The weights of head pair j are wq[j * S], wq[j * S + 1]: S = 8 in shared memory (sw + 2*quad),
 // S = 2 in the thread's registers (tuning `wregs`).
 template <int R, int S>
@@ -375,7 +377,7 @@ __device__ __forceinline__ void head_sums(const float* a, const float* wq, float
 
 // Epilogue of next_n position i of a 64-key tile from its head_sums `s`: the sum over the
 // quad's lanes (all heads), the key scales sc0 (key r0) / sc1 (key r0 + 8) with the 1/2 of
-// head_sums (bitwise the same as summing relu(x) * w: every step was exactly doubled), the
+// head_sums (the same bits as summing relu(x) * w wherever every step was exactly doubled), the
 // mask and the store of logits[b*NEXT_N + i, j0 + key].
 template <int NEXT_N>
 __device__ __forceinline__ void store_sums(const float (&s)[4], int i, float sc0, float sc1, const int* bound,
