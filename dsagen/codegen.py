@@ -207,6 +207,13 @@ def _promote_steps(spec: Spec, tune: dict[str, Any]) -> int:
     return math.gcd(int(tune["promote"]), spec.key_bytes_per_token // 32)
 
 
+def _math_regs(tune: dict[str, Any]) -> int:
+    """Registers per thread the math warpgroups' code is compiled within: the launch bound of
+    ``128 * (1 + math_wgs)`` threads, lowered (never raised) by ``maxnreg``."""
+    regs = min(255, 65536 // (128 * (1 + int(tune["math_wgs"]))) // 8 * 8)
+    return min(regs, int(tune["maxnreg"])) if int(tune["maxnreg"]) else regs
+
+
 def _fuse_max_n(spec: Spec, tune: dict[str, Any]) -> int:
     """Largest N = next_n * num_heads whose accumulators tuning ``fuse`` keeps in flight at
     once (one WGMMA chain with promotion; chains of ``num_heads / chains`` rows without):
@@ -215,10 +222,7 @@ def _fuse_max_n(spec: Spec, tune: dict[str, Any]) -> int:
     the rest (96 per thread at 4 math warpgroups, 128 at 3, 168 at 2; a smaller ``maxnreg`` lowers it, a larger one does not
     raise it: ptxas compiles the whole kernel within the launch bound): beyond that ptxas
     spills, or cannot allocate the instruction at all (N=256 at 3 math warpgroups)."""
-    wgs, maxnreg = int(tune["math_wgs"]), int(tune["maxnreg"])
-    regs = min(255, 65536 // (128 * (1 + wgs)) // 8 * 8)
-    if maxnreg:
-        regs = min(regs, maxnreg)
+    regs = _math_regs(tune)
     promote = bool(_promote_steps(spec, tune))
     per_n = 1.0 if promote else 0.5                  # accumulator registers per unit of N
     rest = 40 if promote else 32                     # what the rest of the math code keeps
@@ -233,10 +237,7 @@ def _wregs_max_n(spec: Spec, tune: dict[str, Any]) -> int:
     registers; 0 = off. Beyond that ptxas spilled (a review compiled the tunings)."""
     if not tune["wregs"]:
         return 0
-    wgs, maxnreg = int(tune["math_wgs"]), int(tune["maxnreg"])
-    regs = min(255, 65536 // (128 * (1 + wgs)) // 8 * 8)
-    if maxnreg:
-        regs = min(regs, maxnreg)
+    regs = _math_regs(tune)
     promote = bool(_promote_steps(spec, tune))
     rest = 32 if regs >= 128 and not promote and _chains(spec, tune) != 2 else 40
     fuse_max, h, best = _fuse_max_n(spec, tune), spec.num_heads, 0
@@ -255,14 +256,11 @@ def _wregs_max_n(spec: Spec, tune: dict[str, Any]) -> int:
 
 
 def _mma_ns(spec: Spec, tune: dict[str, Any]) -> list[int]:
-    """WGMMA N sizes the kernels use: num_heads, and next_n * num_heads where ``fuse`` allows."""
+    """WGMMA N sizes the kernels use: num_heads, and next_n * num_heads where ``fuse`` allows
+    (with promotion, or ``chains`` 0); ``num_heads / chains`` without promotion otherwise."""
     cap = _fuse_max_n(spec, tune)
-    if not _promote_steps(spec, tune):   # chains of num_heads / chains rows, or all fused rows
-        c = _chains(spec, tune)
-        if c == 0:
-            return sorted({spec.num_heads} | {nn * spec.num_heads for nn in spec.next_n
-                                              if nn > 1 and nn * spec.num_heads <= cap})
-        return [spec.num_heads // c]
+    if not _promote_steps(spec, tune) and _chains(spec, tune):   # chains of num_heads / chains rows
+        return [spec.num_heads // _chains(spec, tune)]
     return sorted({spec.num_heads} | {nn * spec.num_heads for nn in spec.next_n
                                       if nn > 1 and nn * spec.num_heads <= cap})
 

@@ -88,9 +88,9 @@ def test_tunings_the_registers_cannot_hold_are_capped_or_refused():
     with pytest.raises(ValueError, match="maxnreg"):
         render(spec, {"maxnreg": 200})                    # 128*40 + 3*128*200 > 65536
     # weights in registers only where the registers also hold them (ptxas spilled otherwise)
-    assert "kWRegsFor = true && NEXT_N * kNumHeads <= 128;" in render(spec)["paged_logits.cu"]
-    assert "kWRegsFor = true && NEXT_N * kNumHeads <= 64;" in render(spec, {"math_wgs": 4})["paged_logits.cu"]
-    assert "kWRegsFor = false" in render(spec, {"promote": 1})["paged_logits.cu"]
+    assert "kWRegsFor = NEXT_N * kNumHeads <= 128;" in render(spec)["paged_logits.cu"]
+    assert "kWRegsFor = NEXT_N * kNumHeads <= 64;" in render(spec, {"math_wgs": 4})["paged_logits.cu"]
+    assert "kWRegsFor = NEXT_N * kNumHeads <= 0;" in render(spec, {"promote": 1})["paged_logits.cu"]
     for bad in ({"math_wgs": 5}, {"math_wgs": 0}, {"store_passes": 0}, {"store_passes": 2.5}, {"chains": 3}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             render(spec, bad)

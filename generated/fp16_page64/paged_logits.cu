@@ -500,6 +500,21 @@ __device__ __forceinline__ void mma_chains(uint32_t a_base, uint32_t b_base, int
   chain_epilogues<G, R, 0>(acc, epi);
 }
 
+// relu * w of the accumulators `a` of R query rows from row `row` (of the NEXT_N * kNumHeads rows;
+// R is a part of one position's heads, or whole positions) into the partial sums s: a
+// position's sums start at its first head and go to store(i) after its last.
+template <int R, int S, typename Store>
+__device__ __forceinline__ void rows_logits(const float* a, int row, const float* wq, float (&s)[4], Store& store) {
+  constexpr int kSeg = R < kNumHeads ? R : kNumHeads;
+#pragma unroll
+  for (int r = 0; r < R; r += kSeg) {
+    const int i = (row + r) / kNumHeads, h = (row + r) % kNumHeads;
+    if (h == 0) s[0] = s[1] = s[2] = s[3] = 0.f;
+    head_sums<kSeg, S>(a + r / 2, wq + (i * kNumHeads + h) * S / 8, s);
+    if (h + kSeg == kNumHeads) store(i);
+  }
+}
+
 // WGMMA chains per next_n position without promotion (tuning `chains`: the position's heads in
 // 1 or 2 chains, so the epilogue of the first overlaps the second's tensor-core work; 0: with
 // `fuse`, one chain over all positions' rows).
@@ -521,57 +536,38 @@ __device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, co
                                             int max_len, int j0, bool clean_logits, int wlane, Release&& release) {
   constexpr int N = NEXT_N * kNumHeads;
   // S = 8: sw is the request's weights in shared memory; S = 2: the thread's weights in registers
-  // (NEXT_N x kNumHeads / 4: head pairs 8j + 2*quad + {0,1}), see load_weights
+  // (NEXT_N x kNumHeads / 4: head pairs 8j + 2*quad + {0,1}, loaded by paged_logits_ws)
   const float* wq = S == 8 ? sw + (wlane & 3) * 2 : sw;
-  constexpr int kPos = kNumHeads * S / 8;              // weights of one position at wq
-  if constexpr (kPromote == 0 && FUSE && kChains == 0) {
-    float acc[1][N / 2];
-    mma_chains<1, N>(a_base, b_base, N, acc, [&](auto, const float* a) {
-      release();
-#pragma unroll
-      for (int i = 0; i < NEXT_N; ++i) {
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
-        head_sums<kNumHeads, S>(a + i * (kNumHeads / 2), wq + i * kPos, s);
-        store_sums<NEXT_N>(s, i, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
-      }
-    });
-  } else if constexpr (kPromote == 0) {
-    constexpr int R = kNumHeads / (kChains > 0 ? kChains : 1);
-    constexpr int C = kNumHeads / R;
+  float s[4];
+  auto store = [&](int i) {
+    store_sums<NEXT_N>(s, i, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
+  };
+  if constexpr (kPromote == 0) {
+    // chains of R rows: every fused position's rows (chains 0), or kNumHeads / kChains rows
+    constexpr int R = FUSE && kChains == 0 ? N : kNumHeads / (kChains > 0 ? kChains : 1);
     constexpr int P = FUSE ? NEXT_N : 1;                 // positions in flight at once
-    float s[4];
+    constexpr int G = P * kNumHeads / R;
 #pragma unroll
     for (int i0 = 0; i0 < NEXT_N; i0 += P) {
-      float acc[P * C][R / 2];
-      mma_chains<P * C, R>(a_base, b_base + i0 * kNumHeads * 128, N, acc, [&](auto gc, const float* a) {
-        constexpr int g = decltype(gc)::value, c = g % C;
-        const int i = i0 + g / C;
-        if (g == P * C - 1 && i0 + P == NEXT_N) release();
-        if (c == 0) s[0] = s[1] = s[2] = s[3] = 0.f;
-        head_sums<R, S>(a, wq + i * kPos + c * R * S / 8, s);
-        if (c == C - 1)
-          store_sums<NEXT_N>(s, i, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
+      float acc[G][R / 2];
+      mma_chains<G, R>(a_base, b_base + i0 * kNumHeads * 128, N, acc, [&](auto gc, const float* a) {
+        constexpr int g = decltype(gc)::value;
+        if (g == G - 1 && i0 + P == NEXT_N) release();
+        rows_logits<R, S>(a, i0 * kNumHeads + g * R, wq, s, store);
       });
     }
   } else if constexpr (FUSE) {
     float acc[N / 2];
     mma_rows<N, 1>(a_base, b_base, N, acc);
     release();
-#pragma unroll
-    for (int i = 0; i < NEXT_N; ++i) {
-      float s[4] = {0.f, 0.f, 0.f, 0.f};
-      head_sums<kNumHeads, S>(acc + i * (kNumHeads / 2), wq + i * kPos, s);
-      store_sums<NEXT_N>(s, i, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
-    }
+    rows_logits<N, S>(acc, 0, wq, s, store);
   } else {
 #pragma unroll
     for (int i = 0; i < NEXT_N; ++i) {
       float acc[kNumHeads / 2];
       mma_rows<kNumHeads, 2>(a_base, b_base + i * kNumHeads * 128, N, acc);
       if (i == NEXT_N - 1) release();
-      float s[4] = {0.f, 0.f, 0.f, 0.f};
-      head_sums<kNumHeads, S>(acc, wq + i * kPos, s);
-      store_sums<NEXT_N>(s, i, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
+      rows_logits<kNumHeads, S>(acc, i * kNumHeads, wq, s, store);
     }
   }
 }
@@ -717,8 +713,8 @@ template <> constexpr int kWsStagesFor<2> = 3;
 // ------------------------------------------------------------------------------------------
 constexpr int kMathWGs = 3;
 // tuning `wregs`: the math warpgroups keep their weights in registers (read once per request)
-// where NEXT_N * kNumHeads <= 128 (at most 32 registers) and the registers hold them
-template <int NEXT_N> constexpr bool kWRegsFor = true && NEXT_N * kNumHeads <= 128;
+// up to N = NEXT_N * kNumHeads = 128 (dsagen.codegen._wregs_max_n; at most 32 registers)
+template <int NEXT_N> constexpr bool kWRegsFor = NEXT_N * kNumHeads <= 128;
 constexpr int kSplit = kMathWGs * kTile;                 // tokens per schedule unit
 constexpr int kWsThreads = 128 * (1 + kMathWGs);
 static_assert(kMathWGs >= 1 && kMathWGs <= 4, "warpgroup 0 holds one producer warp per math warpgroup");

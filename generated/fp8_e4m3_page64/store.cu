@@ -147,29 +147,25 @@ store_kernel(const In* __restrict__ k, uint8_t* __restrict__ kv_cache,
   // token is < n (the shuffles need every lane)
   int64_t t = int64_t(blockIdx.x) * kTokensPerBlock + threadIdx.x / kThreadsPerToken;
   const int lead = (threadIdx.x & 31) / kThreadsPerToken;       // t minus the warp's first token
+  // the keys and slots of this thread's tokens of the step starting at t0 (those < n)
+  auto load_step = [&](int64_t t0, Raw<In> (&raw)[kPasses], int64_t (&slot)[kPasses]) {
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int64_t tp = t0 + p * kTokensPerPass;
+      slot[p] = 0;
+      if (tp < n) {
+        raw[p] = load_raw(k, tp * kHeadDim + sub * kPerThread);
+        slot[p] = __ldcs(loc + tp);
+      }
+    }
+  };
   Raw<In> raw[kPasses];
   int64_t slot[kPasses];
-#pragma unroll
-  for (int p = 0; p < kPasses; ++p) {
-    const int64_t tp = t + p * kTokensPerPass;
-    slot[p] = 0;
-    if (tp < n) {
-      raw[p] = load_raw(k, tp * kHeadDim + sub * kPerThread);
-      slot[p] = __ldcs(loc + tp);
-    }
-  }
+  load_step(t, raw, slot);
   for (; t - lead < n; t += stride) {
     Raw<In> next[kPasses];
     int64_t next_slot[kPasses];
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const int64_t tp = t + stride + p * kTokensPerPass;
-      next_slot[p] = 0;
-      if (tp < n) {
-        next[p] = load_raw(k, tp * kHeadDim + sub * kPerThread);
-        next_slot[p] = __ldcs(loc + tp);
-      }
-    }
+    load_step(t + stride, next, next_slot);
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int64_t tp = t + p * kTokensPerPass;
