@@ -47,6 +47,10 @@ if [ -n "${PROFILE:-}" ]; then
     IFS=: read sp b n c <<< "$p"
     $NCU --clock-control none --kernel-name regex:paged_logits_ws --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats --section ComputeWorkloadAnalysis ${NCU_SECTIONS:-} \
+      --print-details all -f -o /tmp/ncu_${sp}_${n} \
       python3 benchmarks/profile_one.py specs/$sp.yaml $b $n $c ${PROFILE_TUNING:-} 2>&1 | grep -v "^==PROF==" | tee -a $OUT/ncu.log
+    $NCU --import /tmp/ncu_${sp}_${n}.ncu-rep --print-details all 2>&1 | tee -a $OUT/ncu.log
+    # per-SASS-instruction stall samples (with NCU_SECTIONS="--section SourceCounters")
+    [ -n "${NCU_SOURCE:-}" ] && $NCU --import /tmp/ncu_${sp}_${n}.ncu-rep --page source --csv --print-source sass > $OUT/ncu_source_${sp}_$n.csv 2>&1
   done
 fi

@@ -167,8 +167,10 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     more than 64 heads its accumulators spill).
     ``wregs``: the math warpgroups hold their head weights in registers (read once per request,
     where ``next_n * num_heads <= 128`` and the registers hold them, :func:`_wregs_max_n`) instead of reading them from shared memory every tile
-    (fp8 next_n 2: 199.8 -> 186.1 us). ``maxnreg``: registers per thread of the math warpgroups
-    by ``setmaxnreg`` (0: off; warpgroup 0 keeps 40). ``store_passes``: tokens each store thread
+    (fp8 next_n 2: 199.8 -> 186.1 us); an integer above 1 is that bound on N itself, without the
+    register accounting (it may spill). ``maxnreg``: registers per thread of the math warpgroups
+    by ``setmaxnreg`` (0: off; warpgroup 0 keeps 40, or less where the launch's registers
+    require: 32 at 4 math warpgroups and ``maxnreg`` 112). ``store_passes``: tokens each store thread
     converts per grid step (1 or 2).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
@@ -207,11 +209,19 @@ def _promote_steps(spec: Spec, tune: dict[str, Any]) -> int:
     return math.gcd(int(tune["promote"]), spec.key_bytes_per_token // 32)
 
 
+def _launch_regs(tune: dict[str, Any]) -> int:
+    """Registers per thread of the warp-specialized kernel's launch: the most that
+    ``128 * (1 + math_wgs)`` threads of one CTA per SM can each hold (ptxas compiles to that
+    bound, and allocates all of it where ``setmaxnreg`` is used)."""
+    return min(255, 65536 // (128 * (1 + int(tune["math_wgs"]))) // 8 * 8)
+
+
 def _math_regs(tune: dict[str, Any]) -> int:
-    """Registers per thread the math warpgroups' code is compiled within: the launch bound of
-    ``128 * (1 + math_wgs)`` threads, lowered (never raised) by ``maxnreg``."""
-    regs = min(255, 65536 // (128 * (1 + int(tune["math_wgs"]))) // 8 * 8)
-    return min(regs, int(tune["maxnreg"])) if int(tune["maxnreg"]) else regs
+    """Registers per thread the math warpgroups' code is compiled within: the launch bound, or
+    ``maxnreg`` where set (ptxas compiles the code after ``setmaxnreg.inc`` to its count: at 4
+    math warpgroups and ``maxnreg`` 112 the math loop's SASS uses registers up to R109 under a
+    launch bound of 96)."""
+    return int(tune["maxnreg"]) or _launch_regs(tune)
 
 
 def _fuse_max_n(spec: Spec, tune: dict[str, Any]) -> int:
@@ -237,6 +247,8 @@ def _wregs_max_n(spec: Spec, tune: dict[str, Any]) -> int:
     registers; 0 = off. Beyond that ptxas spilled (a review compiled the tunings)."""
     if not tune["wregs"]:
         return 0
+    if not isinstance(tune["wregs"], bool) and int(tune["wregs"]) > 1:
+        return min(128, int(tune["wregs"]))      # an explicit N bound: no register accounting
     regs = _math_regs(tune)
     promote = bool(_promote_steps(spec, tune))
     rest = 32 if regs >= 128 and not promote and _chains(spec, tune) != 2 else 40
@@ -271,10 +283,15 @@ def _ws_regs(tune: dict[str, Any]) -> tuple[int, int] | None:
     regs, wgs = int(tune["maxnreg"]), int(tune["math_wgs"])
     if regs == 0:
         return None
-    producer = 40
-    if regs % 8 or not 24 <= regs <= 256 or 128 * producer + 128 * wgs * regs > 65536:
+    # setmaxnreg moves registers inside the CTA's launch allocation: what warpgroup 0 gives up
+    # must cover what the math warpgroups take; warpgroup 0 keeps 40 where that allows, else
+    # down to 24
+    pool = (1 + wgs) * _launch_regs(tune)
+    producer = min(40, (pool - wgs * regs) // 8 * 8)
+    if regs % 8 or not 24 <= regs <= 256 or producer < 24:
         raise ValueError(f"tuning maxnreg={regs}: must be a multiple of 8 in [24, 256] with "
-                         f"128*{producer} + 128*{wgs}*maxnreg <= 65536")
+                         f"24 + {wgs}*maxnreg <= {pool} (the launch's registers of one producer "
+                         f"and {wgs} math threads)")
     return producer, regs
 
 
