@@ -229,6 +229,13 @@ __device__ __forceinline__ void cp_async_wait_dyn(int pending) {
   else cp_async_wait<3>();
 }
 
+// The first 1024-byte aligned byte of the dynamic shared memory (offset from the array itself,
+// not through an integer, so the compiler still knows every access is to shared memory: LDS
+// instead of generic loads).
+__device__ __forceinline__ uint8_t* smem_align1024(uint8_t* smem_raw) {
+  return smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+}
+
 // Byte offset of (row, 16-byte chunk) inside a K-major tile of `rows` rows, 128B-swizzled in
 // atoms of 8 rows x 128 bytes (the layout WGMMA's SWIZZLE_128B descriptors expect).
 __device__ __forceinline__ uint32_t swz(int rows, int row, int chunk) {
@@ -244,6 +251,14 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr) {
   d.bitfield.base_offset_ = 0;
   d.bitfield.layout_type_ = uint8_t(cute::SM90::GMMA::LayoutType::B128);
   return d.desc_;
+}
+
+// The descriptor of the operand `bytes` past the one of `desc` (bytes a multiple of 16): only the
+// start address field (bits 0-13, address / 16) changes, and shared-memory addresses stay below
+// 256 KB, so one 32-bit add of the low word (the high word is the same constant for every
+// operand) instead of rebuilding the descriptor from the address.
+__device__ __forceinline__ uint64_t gmma_desc_add(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xffffffff00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
 }
 
 // One WGMMA instruction M=64 keys x N query rows x K=32 bytes, from two shared-memory
@@ -356,7 +371,7 @@ __device__ __forceinline__ void fill_tail(const int* context_lens, bool ctx_2d, 
 // same heads) into four independent partial sums s[0..3] (a[4j + c] goes to s[c]), `wq` = the
 // chain's first weight of the thread. relu(x) * w is accumulated as (x + |x|) * w, twice the
 // value (an FADD with an absolute-value operand on the FMA pipe instead of a float max on the
-// busier ALU pipe); store_sums takes the 1/2 back with the key scale. Exactly twice for finite
+// busier ALU pipe); store_logits takes the 1/2 back with the key scale. Exactly twice for finite
 // x below 2^127 whose products and sums stay normal; unlike relu, an infinite dot product gives
 // NaN for -inf and overflows from 2^127 on (inputs no fp8 / bf16 key and query produce).
 // The weights of head pair j are wq[j * S], wq[j * S + 1]: S = 8 in shared memory (sw + 2*quad),
@@ -375,26 +390,57 @@ __device__ __forceinline__ void head_sums(const float* a, const float* wq, float
   }
 }
 
-// Epilogue of next_n position i of a 64-key tile from its head_sums `s`: the sum over the
-// quad's lanes (all heads), the key scales sc0 (key r0) / sc1 (key r0 + 8) with the 1/2 of
-// head_sums (the same bits as summing relu(x) * w wherever every step was exactly doubled), the
-// mask and the store of logits[b*NEXT_N + i, j0 + key].
+// Epilogue of a 64-key tile: v[2i + h] is this thread's part (its quad lane's heads, from
+// head_sums, doubled) of the logit of next_n position i and key r0 + 8h. The quad's 4 lanes
+// sum them in a transposed reduction: each xor step sends half of the values still held and
+// keeps the other half, so that after the two steps lane `quad` holds the complete sums of a
+// quarter of them (with next_n 2: position quad & 1, key r0 + 8 * (quad >> 1)) and every lane
+// stores its own logits (no lane-dependent branch, 3 shuffles at next_n 2 instead of 8). With
+// next_n 1 the second step is a plain sum and lanes 0-1 store. Then the key scale sc0 (key r0) /
+// sc1 (key r0 + 8) with the 1/2 of head_sums (the same bits as summing relu(x) * w wherever
+// every step was exactly doubled), the mask, and the store of logits[b*NEXT_N + i, j0 + key].
 template <int NEXT_N>
-__device__ __forceinline__ void store_sums(const float (&s)[4], int i, float sc0, float sc1, const int* bound,
-                                           float* logits_b, int64_t max_context_len, int max_len, int j0,
-                                           bool clean_logits, int wlane) {
+__device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], float sc0, float sc1, const int* bound,
+                                             float* logits_b, int64_t max_context_len, int max_len, int j0,
+                                             bool clean_logits, int wlane) {
+  constexpr int V = 2 * NEXT_N;
+  constexpr int VP = V <= 2 ? 2 : (V + 3) / 4 * 4;      // padded to whole quarters
   const int lane = wlane & 31, quad = lane & 3;
   const int r0 = (wlane >> 5) * 16 + (lane >> 2);
-  float s0 = s[0] + s[1], s1 = s[2] + s[3];
-  s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-  s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-  s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-  s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-  if (quad == (i & 3)) {
-    float* out = logits_b + i * max_context_len;
-    const int ja = j0 + r0, jb = j0 + r0 + 8;
-    if (ja < max_len) out[ja] = (ja < bound[i] || !clean_logits) ? s0 * (0.5f * sc0) : kNegInf;
-    if (jb < max_len) out[jb] = (jb < bound[i] || !clean_logits) ? s1 * (0.5f * sc1) : kNegInf;
+  const bool b0 = quad & 1, b1 = quad & 2;
+  float x[VP];
+#pragma unroll
+  for (int k = 0; k < VP; ++k) x[k] = k < V ? v[k < V ? k : 0] : 0.f;
+#pragma unroll
+  for (int k = 0; k < VP / 2; ++k) {                    // lane bit 0 keeps the upper half
+    const float send = b0 ? x[k] : x[k + VP / 2];
+    const float keep = b0 ? x[k + VP / 2] : x[k];
+    x[k] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+  }
+  constexpr int kHeld = VP >= 4 ? VP / 4 : 1;           // sums this lane ends with
+  int base = b0 ? VP / 2 : 0;                           // index of x[0] in v
+  if constexpr (VP >= 4) {
+#pragma unroll
+    for (int k = 0; k < VP / 4; ++k) {                  // lane bit 1 keeps the upper quarter
+      const float send = b1 ? x[k] : x[k + VP / 4];
+      const float keep = b1 ? x[k + VP / 4] : x[k];
+      x[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+    }
+    base += b1 ? VP / 4 : 0;
+  } else {
+    x[0] += __shfl_xor_sync(0xffffffffu, x[0], 2);
+  }
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    const int idx = base + k, i = idx >> 1;
+    const float scale = 0.5f * (idx & 1 ? sc1 : sc0);
+    int bnd = bound[0];
+#pragma unroll
+    for (int ii = 1; ii < NEXT_N; ++ii) bnd = i == ii ? bound[ii] : bnd;
+    const int j = j0 + r0 + 8 * (idx & 1);
+    const bool mine = VP >= 4 ? idx < V : !b1;          // padding / the copy in lanes 2-3
+    if (mine && j < max_len)
+      logits_b[i * max_context_len + j] = (j < bnd || !clean_logits) ? x[k] * scale : kNegInf;
   }
 }
 
@@ -408,13 +454,14 @@ __device__ __forceinline__ void store_sums(const float (&s)[4], int i, float sc0
 template <int ROWS, int BUFS>
 __device__ __forceinline__ void mma_rows(uint32_t a_base, uint32_t b_base, int b_rows, float (&acc)[ROWS / 2]) {
   using M = MmaN<ROWS>;
+  const uint64_t da = gmma_desc(a_base), db = gmma_desc(b_base);
   auto desc_a = [&](int k) {
     const int kb = k * kKStep;
-    return gmma_desc(a_base + (kb / 128) * (kTile * 128) + (kb % 128));
+    return gmma_desc_add(da, (kb / 128) * (kTile * 128) + (kb % 128));
   };
   auto desc_b = [&](int k) {
     const int kb = k * kKStep;
-    return gmma_desc(b_base + (kb / 128) * (b_rows * 128) + (kb % 128));
+    return gmma_desc_add(db, (kb / 128) * (b_rows * 128) + (kb % 128));
   };
   if constexpr (kPromote > 0) {
     constexpr int kGroups = kKSteps / (kPromote > 0 ? kPromote : 1);
@@ -482,6 +529,7 @@ template <int G, int R, typename Epi>
 __device__ __forceinline__ void mma_chains(uint32_t a_base, uint32_t b_base, int b_rows, float (&acc)[G][R / 2],
                                            Epi&& epi) {
   using M = MmaN<R>;
+  const uint64_t da = gmma_desc(a_base), db = gmma_desc(b_base);
 #pragma unroll
   for (int g = 0; g < G; ++g)
 #pragma unroll
@@ -492,8 +540,8 @@ __device__ __forceinline__ void mma_chains(uint32_t a_base, uint32_t b_base, int
 #pragma unroll
     for (int k = 0; k < kKSteps; ++k) {
       const int kb = k * kKStep;
-      M::fma(gmma_desc(a_base + (kb / 128) * (kTile * 128) + (kb % 128)),
-             gmma_desc(b_base + g * R * 128 + (kb / 128) * (b_rows * 128) + (kb % 128)), acc[g], k > 0);
+      M::fma(gmma_desc_add(da, (kb / 128) * (kTile * 128) + (kb % 128)),
+             gmma_desc_add(db, g * R * 128 + (kb / 128) * (b_rows * 128) + (kb % 128)), acc[g], k > 0);
     }
     cute::warpgroup_commit_batch();
   }
@@ -502,16 +550,16 @@ __device__ __forceinline__ void mma_chains(uint32_t a_base, uint32_t b_base, int
 
 // relu * w of the accumulators `a` of R query rows from row `row` (of the NEXT_N * kNumHeads rows;
 // R is a part of one position's heads, or whole positions) into the partial sums s: a
-// position's sums start at its first head and go to store(i) after its last.
-template <int R, int S, typename Store>
-__device__ __forceinline__ void rows_logits(const float* a, int row, const float* wq, float (&s)[4], Store& store) {
+// position's sums start at its first head and go to done(i) after its last.
+template <int R, int S, typename Done>
+__device__ __forceinline__ void rows_logits(const float* a, int row, const float* wq, float (&s)[4], Done& done) {
   constexpr int kSeg = R < kNumHeads ? R : kNumHeads;
 #pragma unroll
   for (int r = 0; r < R; r += kSeg) {
     const int i = (row + r) / kNumHeads, h = (row + r) % kNumHeads;
     if (h == 0) s[0] = s[1] = s[2] = s[3] = 0.f;
     head_sums<kSeg, S>(a + r / 2, wq + (i * kNumHeads + h) * S / 8, s);
-    if (h + kSeg == kNumHeads) store(i);
+    if (h + kSeg == kNumHeads) done(i);
   }
 }
 
@@ -538,9 +586,10 @@ __device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, co
   // S = 8: sw is the request's weights in shared memory; S = 2: the thread's weights in registers
   // (NEXT_N x kNumHeads / 4: head pairs 8j + 2*quad + {0,1}, loaded by paged_logits_ws)
   const float* wq = S == 8 ? sw + (wlane & 3) * 2 : sw;
-  float s[4];
-  auto store = [&](int i) {
-    store_sums<NEXT_N>(s, i, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
+  float s[4], v[2 * NEXT_N];
+  auto done = [&](int i) {   // position i's head sums: keys r0 and r0 + 8
+    v[2 * i] = s[0] + s[1];
+    v[2 * i + 1] = s[2] + s[3];
   };
   if constexpr (kPromote == 0) {
     // chains of R rows: every fused position's rows (chains 0), or kNumHeads / kChains rows
@@ -553,23 +602,24 @@ __device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, co
       mma_chains<G, R>(a_base, b_base + i0 * kNumHeads * 128, N, acc, [&](auto gc, const float* a) {
         constexpr int g = decltype(gc)::value;
         if (g == G - 1 && i0 + P == NEXT_N) release();
-        rows_logits<R, S>(a, i0 * kNumHeads + g * R, wq, s, store);
+        rows_logits<R, S>(a, i0 * kNumHeads + g * R, wq, s, done);
       });
     }
   } else if constexpr (FUSE) {
     float acc[N / 2];
     mma_rows<N, 1>(a_base, b_base, N, acc);
     release();
-    rows_logits<N, S>(acc, 0, wq, s, store);
+    rows_logits<N, S>(acc, 0, wq, s, done);
   } else {
 #pragma unroll
     for (int i = 0; i < NEXT_N; ++i) {
       float acc[kNumHeads / 2];
       mma_rows<kNumHeads, 2>(a_base, b_base + i * kNumHeads * 128, N, acc);
       if (i == NEXT_N - 1) release();
-      rows_logits<kNumHeads, S>(acc, i * kNumHeads, wq, s, store);
+      rows_logits<kNumHeads, S>(acc, i * kNumHeads, wq, s, done);
     }
   }
+  store_logits<NEXT_N>(v, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
 }
 
 // One warpgroup per CTA that both copies (cp.async, kStages tiles in flight) and computes.
@@ -584,7 +634,7 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
   constexpr int kQBytes = N * kRowBytes;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // 1024-byte alignment is required by the 128B swizzle.
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = smem_align1024(smem_raw);
   uint8_t* sk = smem;                                   // [kStages][kTileBytes]
   uint8_t* sq = sk + kStages * kTileBytes;              // [2][kQBytes]
   float* sscale = reinterpret_cast<float*>(sq + 2 * kQBytes);   // [kStages][kTile]
