@@ -175,12 +175,19 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
+    # 16-bit keys where every next_n * num_heads <= 128: 4 math warpgroups given 112 registers
+    # each by setmaxnreg, weights in registers up to N=128 (H200, B=128 ctx 32768 next_n 2: 279.2
+    # vs 282.0 us at 3 warpgroups, B=32 ctx 8192 next_n 2: 26.2 vs 27.1-32.2 us; ptxas: no spills
+    # in the 16-bit shipped specs and variants). Larger next_n * num_heads keep 3 (at 4 their q
+    # leaves no room for 2 key stages per warpgroup); fp8 keys keep 3 (4 measured 3-4 % slower at
+    # next_n 2, B=128).
+    wide = spec.key.bits == 16 and max(spec.next_n) * spec.num_heads <= 128
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": 0,
             "kernel": "ws" if uses_ws(spec) else "wgmma",
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 heads
-            "math_wgs": 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
-            "math": True, "fuse": 128, "maxnreg": 0, "chains": 0,
-            "wregs": True, "store_passes": 1}
+            "math_wgs": 4 if wide else 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
+            "math": True, "fuse": 128, "maxnreg": 112 if wide else 0, "chains": 0,
+            "wregs": 128 if wide else True, "store_passes": 1}
 
 
 def _check_counts(tune: dict[str, Any]) -> None:
@@ -290,8 +297,9 @@ def _ws_regs(tune: dict[str, Any]) -> tuple[int, int] | None:
     producer = min(40, (pool - wgs * regs) // 8 * 8)
     if regs % 8 or not 24 <= regs <= 256 or producer < 24:
         raise ValueError(f"tuning maxnreg={regs}: must be a multiple of 8 in [24, 256] with "
-                         f"24 + {wgs}*maxnreg <= {pool} (the launch's registers of one producer "
-                         f"and {wgs} math threads)")
+                         f"24 + {wgs}*maxnreg <= {pool}: warpgroup 0 keeps at least 24 registers per "
+                         f"thread, and the launch gives each of the {1 + wgs} warpgroups "
+                         f"{_launch_regs(tune)}")
     return producer, regs
 
 

@@ -91,6 +91,15 @@ def test_tunings_the_registers_cannot_hold_are_capped_or_refused():
     assert "kWRegsFor = NEXT_N * kNumHeads <= 128;" in render(spec)["paged_logits.cu"]
     assert "kWRegsFor = NEXT_N * kNumHeads <= 64;" in render(spec, {"math_wgs": 4})["paged_logits.cu"]
     assert "kWRegsFor = NEXT_N * kNumHeads <= 0;" in render(spec, {"promote": 1})["paged_logits.cu"]
+    # setmaxnreg moves registers within the launch's (640 threads x 96): warpgroup 0 gives the
+    # math warpgroups what they take, 4 x (112 - 96) = 96 - 32
+    src = render(spec, {"math_wgs": 4, "maxnreg": 112})["paged_logits.cu"]
+    assert "setmaxnreg.dec.sync.aligned.u32 32;" in src and "setmaxnreg.inc.sync.aligned.u32 112;" in src
+    with pytest.raises(ValueError, match="maxnreg"):
+        render(spec, {"math_wgs": 4, "maxnreg": 120})     # 4 x 24 > 96 - 24
+    src = render(bf16)["paged_logits.cu"]                 # 16-bit keys: 4 math warpgroups, 112 registers
+    assert "constexpr int kMathWGs = 4;" in src and "setmaxnreg.inc.sync.aligned.u32 112;" in src
+    assert "kWRegsFor = NEXT_N * kNumHeads <= 128;" in src
     for bad in ({"math_wgs": 5}, {"math_wgs": 0}, {"store_passes": 0}, {"store_passes": 2.5}, {"chains": 3}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             render(spec, bad)

@@ -4,7 +4,7 @@
 // Kernels:
 //  * paged_logits_ws (sm_90a, layouts TMA can address): warp-specialized persistent grid, one
 //    CTA per SM: a producer warp brings 64-token key tiles in by TMA (128B-swizzled) for
-//    3 math warpgroups, each with its own stages, which run WGMMA M=64 keys x
+//    4 math warpgroups, each with its own stages, which run WGMMA M=64 keys x
 //    N=heads x K=head_dim per next_n position (CuTe's SM90 GMMA atoms), the relu*w head
 //    reduction, key scale and masking in registers.
 //  * paged_logits_wgmma (sm_90a): persistent grid, one warpgroup per CTA, 64-token key tiles
@@ -586,7 +586,7 @@ __device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, co
   // S = 8: sw is the request's weights in shared memory; S = 2: the thread's weights in registers
   // (NEXT_N x kNumHeads / 4: head pairs 8j + 2*quad + {0,1}, loaded by paged_logits_ws)
   const float* wq = S == 8 ? sw + (wlane & 3) * 2 : sw;
-  float s[4], v[2 * NEXT_N];
+  float s[4] = {0.f, 0.f, 0.f, 0.f}, v[2 * NEXT_N];   // (s is zeroed at each position's first head)
   auto done = [&](int i) {   // position i's head sums: keys r0 and r0 + 8
     v[2 * i] = s[0] + s[1];
     v[2 * i + 1] = s[2] + s[3];
@@ -748,8 +748,8 @@ static_assert(wgmma_smem_bytes<2>() == 100864, "dsagen.codegen.wgmma_smem_bytes 
 
 // Key tiles in flight per math warpgroup of paged_logits_ws at each next_n (0: not used).
 template <int NEXT_N> constexpr int kWsStagesFor = 0;
-template <> constexpr int kWsStagesFor<1> = 3;
-template <> constexpr int kWsStagesFor<2> = 3;
+template <> constexpr int kWsStagesFor<1> = 2;
+template <> constexpr int kWsStagesFor<2> = 2;
 
 // ------------------------------------------------------------------------------------------
 // Warp-specialized sm_90a kernel: one CTA per SM; kMathWGs math warpgroups each own every
@@ -761,7 +761,7 @@ template <> constexpr int kWsStagesFor<2> = 3;
 // The schedule splits the requests' splits over the grid on the device (no host sync, no
 // metadata launch).
 // ------------------------------------------------------------------------------------------
-constexpr int kMathWGs = 3;
+constexpr int kMathWGs = 4;
 // tuning `wregs`: the math warpgroups keep their weights in registers (read once per request)
 // up to N = NEXT_N * kNumHeads = 128 (dsagen.codegen._wregs_max_n; at most 32 registers)
 template <int NEXT_N> constexpr bool kWRegsFor = NEXT_N * kNumHeads <= 128;
@@ -848,6 +848,8 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
   // (schedule ends with __syncthreads: the barriers are initialized for every thread)
 
   if (warp < 4) {
+  // tuning `maxnreg`: warpgroup 0 (producers, tail) hands registers to the math warpgroups
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
   if (warp < kMathWGs) {
     // ---- producer warp w feeds math warpgroup w (the streams issue in parallel); warp 0 also
     // loads q and the weights of each request. Lane 0 issues; the lanes hold 32 block-table
@@ -918,6 +920,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
   if (kMathWGs == 4 && clean_logits)
     fill_tail<NEXT_N>(context_lens, ctx_2d, batch, max_len, logits, max_context_len, tid, 128);
   } else if (lo < hi) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 112;\n" ::: "memory");
     // ---- math warpgroup w: tile w of every split -----------------------------------------------
     const int w = warp / 4 - 1, wlane = tid & 127;
     const int r0 = (wlane >> 5) * 16 + (lane >> 2);
@@ -972,8 +975,8 @@ constexpr int ws_smem_bytes() {
   return 1024 + kTiles * kTileBytes + 2 * N * kRowBytes + kTiles * kTile * 4 + 2 * N * 4 + (2 * kTiles + 4) * 8;
 }
 // the host side (dsagen.codegen.ws_smem_bytes / ws_stages) chose the stage counts with the same figures
-static_assert(ws_smem_bytes<1, 3>() == 184240, "dsagen.codegen.ws_smem_bytes disagrees");
-static_assert(ws_smem_bytes<2, 3>() == 217520, "dsagen.codegen.ws_smem_bytes disagrees");
+static_assert(ws_smem_bytes<1, 2>() == 167584, "dsagen.codegen.ws_smem_bytes disagrees");
+static_assert(ws_smem_bytes<2, 2>() == 200864, "dsagen.codegen.ws_smem_bytes disagrees");
 
 // cuTensorMapEncodeTiled from the driver, found through the runtime (no -lcuda at link time).
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {

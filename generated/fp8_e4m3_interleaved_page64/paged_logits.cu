@@ -586,7 +586,7 @@ __device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, co
   // S = 8: sw is the request's weights in shared memory; S = 2: the thread's weights in registers
   // (NEXT_N x kNumHeads / 4: head pairs 8j + 2*quad + {0,1}, loaded by paged_logits_ws)
   const float* wq = S == 8 ? sw + (wlane & 3) * 2 : sw;
-  float s[4], v[2 * NEXT_N];
+  float s[4] = {0.f, 0.f, 0.f, 0.f}, v[2 * NEXT_N];   // (s is zeroed at each position's first head)
   auto done = [&](int i) {   // position i's head sums: keys r0 and r0 + 8
     v[2 * i] = s[0] + s[1];
     v[2 * i + 1] = s[2] + s[3];
