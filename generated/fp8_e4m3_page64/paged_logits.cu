@@ -780,17 +780,20 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+// (the barriers by shared-memory address, or by pointer)
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) { mbar_arrive(smem_u32(bar)); }
 // Wait until the phase of parity `parity` of the barrier has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   do {
     asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   } while (!done);
 }
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { mbar_wait(smem_u32(bar), parity); }
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, { %3, %4, %5 }], [%2];\n"
                ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2) : "memory");
@@ -844,6 +847,15 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     // fetch the two tensor maps while the schedule is computed
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&kv_map)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&q_map)) : "memory");
+  }
+  if (warp == kMathWGs && batch > 0) {
+    // while the schedule reads context_lens: bring into L2 the block-table row of the request
+    // this CTA starts in when the lengths are equal (its first page reads then hit L2; a wrong
+    // guess costs nothing), 32 entries per lane, within the row's pages of max_context_len
+    const int b_guess = int(int64_t(blockIdx.x) * batch / gridDim.x);
+    const int64_t row = min(bt_stride, (int64_t(max_len) + kPageSize - 1) / kPageSize);
+    if (int64_t(lane) * 32 < row)
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(block_table + int64_t(b_guess) * bt_stride + lane * 32));
   }
   int lo, hi, first_b, first_split;
   schedule<NEXT_N, kSplit, kWsThreads>(context_lens, ctx_2d, batch, max_len, lo, hi, first_b, first_split);
@@ -925,7 +937,12 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     const int r0 = (wlane >> 5) * 16 + (lane >> 2);
     Cursor<NEXT_N, kSplit> cur{first_b, first_split, 0};
     cur.len = request_len<NEXT_N>(context_lens, ctx_2d, cur.b, max_len);
-    int phase = -1, prev_b = -1, count = 0;
+    int phase = -1, prev_b = -1;
+    uint32_t count = 0;                                 // tiles done by this warpgroup
+    // shared-memory addresses of this warpgroup's stages, scales and barriers, computed once
+    const uint32_t sk_w = smem_u32(sk + w * STAGES * kTileBytes), full_w = smem_u32(full + w * STAGES);
+    const uint32_t empty_w = smem_u32(empty + w * STAGES);
+    const float* sscale_w = sscale + w * STAGES * kTile;
     int bound[NEXT_N];
     float wr[kWRegsFor<NEXT_N> ? NEXT_N * kNumHeads / 4 : 1];
     for (int u = lo; u < hi; ++u) {
@@ -950,16 +967,15 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       }
       const int tile = cur.unit * kMathWGs + w;
       if (tile * kTile < cur.len) {
-        const int stage = count % STAGES;
-        const int t = w * STAGES + stage;
-        mbar_wait(full + t, (count / STAGES) & 1);
-        const float sc0 = kQuantized ? sscale[t * kTile + r0] : 1.f;
-        const float sc1 = kQuantized ? sscale[t * kTile + r0 + 8] : 1.f;
+        const uint32_t stage = count % STAGES;
+        mbar_wait(full_w + stage * 8, (count / STAGES) & 1);
+        const float sc0 = kQuantized ? sscale_w[stage * kTile + r0] : 1.f;
+        const float sc1 = kQuantized ? sscale_w[stage * kTile + r0 + 8] : 1.f;
         // the stage is freed (this thread's reads are done) as soon as the tensor core has read it
-        tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(smem_u32(sk + t * kTileBytes),
+        tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(sk_w + stage * kTileBytes,
                                            smem_u32(sq + (phase & 1) * kQBytes), kWRegsFor<NEXT_N> ? wr : sw + (phase & 1) * N,
                             sc0, sc1, bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len,
-                            max_len, tile * kTile, clean_logits, wlane, [&] { mbar_arrive(empty + t); });
+                            max_len, tile * kTile, clean_logits, wlane, [&] { mbar_arrive(empty_w + stage * 8); });
         ++count;
       }
       cur.advance(context_lens, ctx_2d, batch, max_len);
