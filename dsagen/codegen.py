@@ -115,11 +115,25 @@ def ws_smem_bytes(spec: Spec, next_n: int, math_wgs: int, stages: int) -> int:
     return 1024 + tiles * 64 * row + 2 * n * row + tiles * 64 * 4 + 2 * n * 4 + (2 * tiles + 4) * 8
 
 
+def effective_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`default_tuning` of ``spec`` updated with ``tuning``. The defaults' ``maxnreg`` and
+    explicit ``wregs`` bound belong to their ``math_wgs`` and register count: a tuning that
+    changes ``math_wgs`` without setting ``maxnreg`` gets ``maxnreg`` 0, and one that changes
+    either without setting ``wregs`` gets the register-accounted ``wregs`` (True)."""
+    base, given = default_tuning(spec), tuning or {}
+    tune = {**base, **given}
+    if tune["math_wgs"] != base["math_wgs"] and "maxnreg" not in given:
+        tune["maxnreg"] = 0
+    if (tune["math_wgs"], tune["maxnreg"]) != (base["math_wgs"], base["maxnreg"]) and "wregs" not in given:
+        tune["wregs"] = True
+    return tune
+
+
 def ws_stages(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> int:
     """Key tiles in flight per math warpgroup of ``paged_logits_ws`` at ``next_n``: the tuning's
     ``ws_stages``, fewer where shared memory (227 KiB) is short; 0 where the kernel does not
     apply (layout, tuning, or fewer than 2 stages fit)."""
-    tune = {**default_tuning(spec), **(tuning or {})}
+    tune = effective_tuning(spec, tuning)
     if tune["kernel"] != "ws" or not uses_ws(spec):
         return 0
     s = int(tune["ws_stages"])
@@ -133,7 +147,7 @@ def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None 
     sm_90 device (with 16-byte aligned q, weights and kv_cache, as every fresh allocation is):
     the layout allows it, the tuning selects it (``ws`` or ``wgmma``) and its shared memory fits
     in 227 KiB; otherwise the CUDA-core kernel runs."""
-    tune = {**default_tuning(spec), **(tuning or {})}
+    tune = effective_tuning(spec, tuning)
     if not uses_wgmma(spec) or tune["kernel"] not in ("ws", "wgmma"):
         return False
     return (ws_stages(spec, next_n, tune) > 0
@@ -162,26 +176,28 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     per next_n position (1 or 2, each its own commit group so an epilogue overlaps the next
     chain) or 0 = one chain over every fused position (N = next_n * num_heads), the fastest on
     the H200 (fp8 next_n 2, B=128 ctx 32768: 199 us vs 218 us with 1 chain, 255 us with 2).
-    ``math_wgs``: 1 to 4 (3 with up to 64 heads, else 2; with 4, warpgroup 0 is all producer
-    warps, which write the -inf tail after their tiles; 4 was slower than 3 on the H200, and with
-    more than 64 heads its accumulators spill).
+    ``math_wgs``: 1 to 4 (default 3 with up to 64 heads, else 2; 4 for 16-bit keys with up to
+    64 heads where next_n * num_heads <= 128, with ``maxnreg`` 112 and ``wregs`` 128; with 4,
+    warpgroup 0 is all producer warps, which write the -inf tail after their tiles; for fp8 keys
+    4 measured 3-4 % slower than 3 on the H200 at next_n 2).
     ``wregs``: the math warpgroups hold their head weights in registers (read once per request,
     where ``next_n * num_heads <= 128`` and the registers hold them, :func:`_wregs_max_n`) instead of reading them from shared memory every tile
     (fp8 next_n 2: 199.8 -> 186.1 us); an integer above 1 is that bound on N itself, without the
     register accounting (it may spill). ``maxnreg``: registers per thread of the math warpgroups
-    by ``setmaxnreg`` (0: off; warpgroup 0 keeps 40, or less where the launch's registers
+    by ``setmaxnreg``, at least the launch's (0: off; warpgroup 0 keeps 40, or less where the launch's registers
     require: 32 at 4 math warpgroups and ``maxnreg`` 112). ``store_passes``: tokens each store thread
     converts per grid step (1 or 2).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
-    # 16-bit keys where every next_n * num_heads <= 128: 4 math warpgroups given 112 registers
+    # 16-bit keys with up to 64 heads where every next_n * num_heads <= 128 (the shapes whose
+    # 64 accumulators and 32 weights per thread compiled without spills): 4 math warpgroups given 112 registers
     # each by setmaxnreg, weights in registers up to N=128 (H200, B=128 ctx 32768 next_n 2: 279.2
     # vs 282.0 us at 3 warpgroups, B=32 ctx 8192 next_n 2: 26.2 vs 27.1-32.2 us; ptxas: no spills
     # in the 16-bit shipped specs and variants). Larger next_n * num_heads keep 3 (at 4 their q
     # leaves no room for 2 key stages per warpgroup); fp8 keys keep 3 (4 measured 3-4 % slower at
     # next_n 2, B=128).
-    wide = spec.key.bits == 16 and max(spec.next_n) * spec.num_heads <= 128
+    wide = spec.key.bits == 16 and spec.num_heads <= 64 and max(spec.next_n) * spec.num_heads <= 128
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": 0,
             "kernel": "ws" if uses_ws(spec) else "wgmma",
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 heads
@@ -236,9 +252,9 @@ def _fuse_max_n(spec: Spec, tune: dict[str, Any]) -> int:
     once (one WGMMA chain with promotion; chains of ``num_heads / chains`` rows without):
     ``fuse``, at most 256 (WGMMA's N), and small enough that the N/2 accumulators per thread (N
     with a promotion buffer) leave 32 (40 with promotion) of the math warpgroups' registers for
-    the rest (96 per thread at 4 math warpgroups, 128 at 3, 168 at 2; a smaller ``maxnreg`` lowers it, a larger one does not
-    raise it: ptxas compiles the whole kernel within the launch bound): beyond that ptxas
-    spills, or cannot allocate the instruction at all (N=256 at 3 math warpgroups)."""
+    the rest (96 per thread at 4 math warpgroups, 128 at 3, 168 at 2, or ``maxnreg`` where set:
+    ptxas compiles the code after ``setmaxnreg.inc`` to that count): beyond that ptxas spills,
+    or cannot allocate the instruction at all (N=256 at 3 math warpgroups)."""
     regs = _math_regs(tune)
     promote = bool(_promote_steps(spec, tune))
     per_n = 1.0 if promote else 0.5                  # accumulator registers per unit of N
@@ -295,6 +311,12 @@ def _ws_regs(tune: dict[str, Any]) -> tuple[int, int] | None:
     # down to 24
     pool = (1 + wgs) * _launch_regs(tune)
     producer = min(40, (pool - wgs * regs) // 8 * 8)
+    # setmaxnreg.inc to fewer registers than the warps already hold is undefined (PTX ISA)
+    launch = -(-_launch_regs(tune) // 8) * 8
+    if regs < launch:
+        raise ValueError(f"tuning maxnreg={regs}: below the {launch} registers per thread that "
+                         f"the launch of {wgs} math warpgroups already gives (setmaxnreg only "
+                         f"raises them); use 0 (off) or at least {launch}")
     if regs % 8 or not 24 <= regs <= 256 or producer < 24:
         raise ValueError(f"tuning maxnreg={regs}: must be a multiple of 8 in [24, 256] with "
                          f"24 + {wgs}*maxnreg <= {pool}: warpgroup 0 keeps at least 24 registers per "
@@ -321,7 +343,7 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
     neither imports Jinja nor renders. A read-only or missing cache root just renders.
     """
     from . import config
-    tune = {**default_tuning(spec), **(tuning or {})}
+    tune = effective_tuning(spec, tuning)
     _check_counts(tune)
     ns = namespace(spec, tuning)
     memo = config.cache_root() / RENDER_MEMO / f"{_render_digest(spec, tune, ns)}.json"

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import dsagen
-from dsagen.codegen import CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, render, write_generated
+from dsagen.codegen import CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, default_tuning, render, write_generated
 
 from conftest import REPO, SPECS
 
@@ -86,7 +86,9 @@ def test_tunings_the_registers_cannot_hold_are_capped_or_refused():
     bf16 = dsagen.load_spec(SPECS["bf16_page64"])
     assert "NEXT_N * kNumHeads <= 128" in render(bf16)["paged_logits.cu"]   # the default for 16-bit keys
     with pytest.raises(ValueError, match="maxnreg"):
-        render(spec, {"maxnreg": 200})                    # 128*40 + 3*128*200 > 65536
+        render(spec, {"maxnreg": 200})                    # 24 + 3*200 > 4*128: the launch's registers
+    with pytest.raises(ValueError, match="maxnreg"):
+        render(spec, {"maxnreg": 112})                    # below the 128 the launch gives: .inc undefined
     # weights in registers only where the registers also hold them (ptxas spilled otherwise)
     assert "kWRegsFor = NEXT_N * kNumHeads <= 128;" in render(spec)["paged_logits.cu"]
     assert "kWRegsFor = NEXT_N * kNumHeads <= 64;" in render(spec, {"math_wgs": 4})["paged_logits.cu"]
@@ -100,6 +102,12 @@ def test_tunings_the_registers_cannot_hold_are_capped_or_refused():
     src = render(bf16)["paged_logits.cu"]                 # 16-bit keys: 4 math warpgroups, 112 registers
     assert "constexpr int kMathWGs = 4;" in src and "setmaxnreg.inc.sync.aligned.u32 112;" in src
     assert "kWRegsFor = NEXT_N * kNumHeads <= 128;" in src
+    src = render(bf16, {"math_wgs": 3})["paged_logits.cu"]   # the 4-warpgroup register split goes with it
+    assert "setmaxnreg" not in src and "kWRegsFor = NEXT_N * kNumHeads <= 128;" in src
+    src = render(bf16, {"maxnreg": 0})["paged_logits.cu"]    # 96 registers: weights by the accounting
+    assert "setmaxnreg" not in src and "kWRegsFor = NEXT_N * kNumHeads <= 64;" in src
+    wide = bf16.with_(num_heads=128, next_n=[1])          # 128 heads: 2 math warpgroups, as before
+    assert default_tuning(wide)["math_wgs"] == 2 and default_tuning(wide)["maxnreg"] == 0
     for bad in ({"math_wgs": 5}, {"math_wgs": 0}, {"store_passes": 0}, {"store_passes": 2.5}, {"chains": 3}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             render(spec, bad)
