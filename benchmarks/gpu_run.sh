@@ -19,6 +19,7 @@ for s in $steps; do
       echo "precompile of the shipped specs: wall $((SECONDS-t0)) s" | tee -a $OUT/precompile.log
       t0=$SECONDS; python3 -m dsagen.cli precompile /tmp/variants/*.yaml --arch sm_90a -j 16 >> $OUT/precompile.log 2>&1
       echo "precompile of the variants: exit $? wall $((SECONDS-t0)) s" | tee -a $OUT/precompile.log ;;
+    prespecs) python3 -m dsagen.cli precompile ${SPECS:-specs/*.yaml} --arch sm_90a -j 16 2>&1 | tail -3 | tee $OUT/precompile.log ;;
     variants) [ -d /tmp/variants ] || python3 benchmarks/variants.py /tmp/variants ${VARIANT_SPECS:-} > $OUT/variants.txt
       python3 -m dsagen.cli compile /tmp/variants/*.yaml --no-nvcc --json $OUT/variants.json > $OUT/variants.log 2>&1
       echo "variants exit $?"; grep -E "PASSED|FAILED|FAIL " $OUT/variants.log | tail -60 ;;
@@ -31,6 +32,8 @@ for s in $steps; do
               --device cuda --out $OUT/recall 2>&1 | tee $OUT/recall.log ;;
     tests) python3 -m pytest -q tests 2>&1 | tee $OUT/tests.log ;;
     gputests) python3 -m pytest -q -rs -m gpu tests/ 2>&1 | tee $OUT/tests_gpu.log ;;
+    overhead) (cd benchmarks && python3 overhead.py ../specs/fp8_e4m3_page64.yaml) 2>&1 | tee $OUT/overhead.log ;;
+    gpustore) python3 -m pytest -q -rs -m gpu tests/ -k "store" 2>&1 | tee $OUT/tests_gpu_store.log ;;
     quick) python3 benchmarks/quick_time.py specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml 2>&1 | tee $OUT/quick.log ;;
     bench) DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json python3 -m dsagen.cli bench specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml --json $OUT/h200.json 2>&1 | tee $OUT/bench.log ;;
   esac
@@ -40,6 +43,13 @@ if [ -n "${TUNE_FP8:-}" ]; then
 fi
 if [ -n "${TUNE_BF16:-}" ]; then
   (cd benchmarks && eval timeout ${TUNE_TIMEOUT:-300} python3 tune.py ../specs/bf16_page64.yaml $TUNE_BF16) 2>&1 | tee $OUT/tune_bf16.log
+fi
+# STORE_FP8 / STORE_BF16: quoted JSON tunings for benchmarks/store_time.py (interleaved store timing)
+if [ -n "${STORE_FP8:-}" ]; then
+  (cd benchmarks && eval timeout ${TUNE_TIMEOUT:-300} python3 store_time.py ../specs/fp8_e4m3_page64.yaml $STORE_FP8) 2>&1 | tee $OUT/store_fp8.log
+fi
+if [ -n "${STORE_BF16:-}" ]; then
+  (cd benchmarks && eval timeout ${TUNE_TIMEOUT:-300} python3 store_time.py ../specs/bf16_page64.yaml $STORE_BF16) 2>&1 | tee $OUT/store_bf16.log
 fi
 if [ -n "${PROFILE:-}" ]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)

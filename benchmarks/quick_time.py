@@ -30,7 +30,7 @@ def time_fn(fns, iters=50):
     ts = []
     for i in range(iters):
         f = fns[i % len(fns)]
-        torch.cuda._sleep(40000)
+        torch.cuda._sleep(200000)   # about 100 us: longer than the host loop of one iteration
         s, e = torch.cuda.Event(True), torch.cuda.Event(True)
         s.record(); f(); e.record()
         ts.append((s, e))

@@ -12,25 +12,35 @@
 namespace dsagen_fp8_e4m3_page64_e36e70d2ea {
 
 using KeyT = __nv_fp8_e4m3;
-// Thread mapping: each thread owns kPerThread consecutive key elements of one token, so a token is
-// kThreadsPerToken adjacent lanes (4..32; a power of two) and a warp holds 32 / kThreadsPerToken
-// tokens. Each thread handles kPasses tokens per step, loading all of them (and those of its next
+// Thread mapping: a token is kThreadsPerToken adjacent lanes (tuning `store_lanes`, a power of
+// two) and its key is kChunksPerToken chunks of kChunk elements (16 B of bf16 input); lane `sub`
+// owns the token's chunks i * kThreadsPerToken + sub, i < kChunks, so each load or store
+// instruction of the token's lanes covers contiguous bytes, and the per-scale work (amax
+// butterfly, division, scale write) is shared by every element a thread owns in that scale
+// block. Each thread handles kPasses tokens per step, loading all of them (and those of its next
 // step) before it converts any, to keep enough bytes in flight for prefill-sized N.
-constexpr int kPerThread = 8;                                   // 16 B of bf16 input, 32 B of fp32
-constexpr int kThreadsPerToken = kHeadDim / kPerThread;
-constexpr int kThreadBytes = kPerThread * 8 / 8;  // key bytes per thread
+constexpr int kChunk = 8;                                       // elements per chunk
+constexpr int kChunksPerToken = kHeadDim / kChunk;
+constexpr int kThreadsPerToken = 4 < kChunksPerToken ? 4 : kChunksPerToken;
+constexpr int kChunks = kChunksPerToken / kThreadsPerToken;     // chunks per thread and token
+constexpr int kPerThread = kChunks * kChunk;                    // elements per thread and token
+constexpr int kChunkBytes = kChunk * 8 / 8;   // key bytes of one chunk
 constexpr int kVec = 8;                           // widest aligned store (bytes)
 constexpr int kBlockThreads = 256;
 constexpr int kPasses = 1;
 constexpr int kTokensPerPass = kBlockThreads / kThreadsPerToken;
 constexpr int kTokensPerBlock = kTokensPerPass * kPasses;
-static_assert(kHeadDim % kPerThread == 0 && kThreadsPerToken <= 32 &&
-              (kThreadsPerToken & (kThreadsPerToken - 1)) == 0, "head_dim must be 8 x a power of two <= 32");
-static_assert(kThreadBytes % kVec == 0, "key stores must tile the thread's bytes");
-constexpr int kLanesPerScale = kScaleBlock / kPerThread;        // lanes sharing one scale
-static_assert(kScaleBlock % kPerThread == 0 && kLanesPerScale <= kThreadsPerToken &&
-              (kLanesPerScale & (kLanesPerScale - 1)) == 0,
-              "a scale block must cover a power-of-two number of lanes of one token");
+static_assert(kHeadDim % kChunk == 0 && kThreadsPerToken <= 32 && (kThreadsPerToken & (kThreadsPerToken - 1)) == 0 &&
+              kChunksPerToken % kThreadsPerToken == 0, "head_dim must be 8 x a power of two");
+static_assert(kChunkBytes % kVec == 0, "key stores must tile a chunk's bytes");
+// A scale block is kChunksPerScale chunks. Its lanes: aligned groups of kScaleLanes lanes of the
+// token; a thread's chunks of one block: kScaleRun consecutive i; kThreadScales blocks per thread.
+constexpr int kChunksPerScale = kScaleBlock / kChunk;
+constexpr int kScaleLanes = kThreadsPerToken < kChunksPerScale ? kThreadsPerToken : kChunksPerScale;
+constexpr int kScaleRun = kChunksPerScale > kThreadsPerToken ? kChunksPerScale / kThreadsPerToken : 1;
+constexpr int kThreadScales = kChunks / kScaleRun;
+static_assert(kScaleBlock % kChunk == 0 && (kChunksPerScale & (kChunksPerScale - 1)) == 0 && kChunks % kScaleRun == 0,
+              "a scale block must be a power-of-two number of chunks");
 
 template <int N> struct Bytes;
 template <> struct Bytes<1> { using T = uint8_t; };
@@ -39,26 +49,31 @@ template <> struct Bytes<4> { using T = uint32_t; };
 template <> struct Bytes<8> { using T = uint2; };
 template <> struct Bytes<16> { using T = uint4; };
 
-// kPerThread input elements as raw 16-byte vectors (read once: no L1 allocation).
-template <typename In> struct Raw { uint4 v[kPerThread * sizeof(In) / 16]; };
+// One token's chunks of this thread as raw 16-byte vectors (read once: no L1 allocation).
+template <typename In> struct Raw {
+  static constexpr int kPerChunk = kChunk * sizeof(In) / 16;
+  uint4 v[kChunks][kPerChunk];
+};
 
+// The chunks of lane `sub` of the token whose key starts at element `elem` of k.
 template <typename In>
-__device__ __forceinline__ Raw<In> load_raw(const In* __restrict__ k, int64_t elem) {
+__device__ __forceinline__ Raw<In> load_raw(const In* __restrict__ k, int64_t elem, int sub) {
   Raw<In> r;
-  const uint4* p = reinterpret_cast<const uint4*>(k + elem);
 #pragma unroll
-  for (int i = 0; i < int(sizeof(r.v) / 16); ++i) r.v[i] = __ldcs(p + i);
+  for (int c = 0; c < kChunks; ++c) {
+    const uint4* p = reinterpret_cast<const uint4*>(k + elem + (c * kThreadsPerToken + sub) * kChunk);
+#pragma unroll
+    for (int i = 0; i < Raw<In>::kPerChunk; ++i) r.v[c][i] = __ldcs(p + i);
+  }
   return r;
 }
 
-__device__ __forceinline__ void to_float(const Raw<float>& r, float (&x)[kPerThread]) {
-  memcpy(x, r.v, sizeof(x));
-}
-__device__ __forceinline__ void to_float(const Raw<__nv_bfloat16>& r, float (&x)[kPerThread]) {
-  __nv_bfloat162 h[kPerThread / 2];
-  memcpy(h, r.v, sizeof(h));
+__device__ __forceinline__ void to_float(const uint4 (&v)[2], float (&x)[kChunk]) { memcpy(x, v, sizeof(x)); }
+__device__ __forceinline__ void to_float(const uint4 (&v)[1], float (&x)[kChunk]) {
+  __nv_bfloat162 h[kChunk / 2];
+  memcpy(h, v, sizeof(h));
 #pragma unroll
-  for (int e = 0; e < kPerThread / 2; ++e) {
+  for (int e = 0; e < kChunk / 2; ++e) {
     const float2 f = __bfloat1622float2(h[e]);
     x[2 * e] = f.x;
     x[2 * e + 1] = f.y;
@@ -71,66 +86,88 @@ __device__ __forceinline__ float pow2_ceil(float s) {
   return m == 0.5f ? s : ldexpf(1.0f, e);
 }
 
-// x / scale for the thread's elements: x times the correctly rounded reciprocal is within one
-// ulp, and one FMA residual step rounds it correctly (Markstein), so the result is bitwise the
-// IEEE quotient of the reference for every quotient above 2^-82. Below that the residual
-// underflows and the last bit may differ (an exhaustive CPU check of all bf16 pairs found such
-// cases), but those quotients are far below the smallest e4m3 value: the stored bytes are
-// the same. The sign of a zero is x's. A scale whose reciprocal is 0 or infinite (never from a
-// finite amax) takes the IEEE division.
-__device__ __forceinline__ void divide(float (&x)[kPerThread], float scale) {
-  const float r = 1.0f / scale;
+// x / scale for one chunk, given r = 1 / scale: x times the correctly rounded reciprocal is
+// within one ulp, and one FMA residual step rounds it correctly (Markstein), so the result is
+// bitwise the IEEE quotient of the reference for every quotient above 2^-82. Below that the
+// residual underflows and the last bit may differ (an exhaustive CPU check of all bf16 pairs
+// found such cases), but those quotients are far below the smallest e4m3 value: the stored
+// bytes are the same. The sign of a zero is x's. A scale whose reciprocal is 0 or infinite
+// (never from a finite amax) takes the IEEE division.
+__device__ __forceinline__ void divide(float (&x)[kChunk], float scale, float r) {
   if (r == 0.f || isinf(r)) {
 #pragma unroll
-    for (int e = 0; e < kPerThread; ++e) x[e] = x[e] / scale;
+    for (int e = 0; e < kChunk; ++e) x[e] = x[e] / scale;
     return;
   }
 #pragma unroll
-  for (int e = 0; e < kPerThread; ++e) {
+  for (int e = 0; e < kChunk; ++e) {
     const float q = x[e] * r;
     x[e] = copysignf(fmaf(fmaf(-q, scale, x[e]), r, q), x[e]);
   }
 }
 
-// Quantizes one token's part (kPerThread elements, lane `sub` of its token) and writes it and,
-// for the first lane of each scale block, the scale. Lanes of tokens past n (valid false) take
-// part in the shuffles (full-warp masks) but write nothing.
+// Quantizes one token's chunks of lane `sub` and writes them and, for the first lane of each
+// scale block's lanes, the scale. Lanes of tokens past n (valid false) take part in the shuffles
+// (full-warp masks) but write nothing. A chunk is converted to float where it is used (the amax
+// pass, then the conversion pass) rather than held, to keep the registers for loads in flight.
 template <typename In>
 __device__ __forceinline__ void store_token(const Raw<In>& raw, bool valid, int64_t slot, int sub,
                                             uint8_t* __restrict__ kv_cache) {
-  float x[kPerThread];
-  if (valid) to_float(raw, x);
-  else {
+  auto chunk = [&](int c, float (&x)[kChunk]) {
+    if (valid) to_float(raw.v[c], x);
+    else {
 #pragma unroll
-    for (int e = 0; e < kPerThread; ++e) x[e] = 1.f;
+      for (int e = 0; e < kChunk; ++e) x[e] = 1.f;
+    }
+  };
+  float scale[kThreadScales], rcp[kThreadScales];
+#pragma unroll
+  for (int j = 0; j < kThreadScales; ++j) {
+    // amax over this thread's chunks of the block (two chains), then a butterfly over its lanes
+    float m0 = 0.f, m1 = 0.f;
+#pragma unroll
+    for (int c = j * kScaleRun; c < (j + 1) * kScaleRun; ++c) {
+      float x[kChunk];
+      chunk(c, x);
+#pragma unroll
+      for (int e = 0; e < kChunk; e += 2) {
+        m0 = fmaxf(m0, fabsf(x[e]));
+        m1 = fmaxf(m1, fabsf(x[e + 1]));
+      }
+    }
+    float amax = fmaxf(m0, m1);
+#pragma unroll
+    for (int o = kScaleLanes / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    amax = fmaxf(amax, kAmaxFloor);
+    scale[j] = amax / kKeyMax;                  // IEEE division, as the reference
+    if (kScalePow2) scale[j] = pow2_ceil(scale[j]);
+    rcp[j] = 1.0f / scale[j];
+    if (valid && sub % kScaleLanes == 0) {
+      const int block = (j * kScaleRun * kThreadsPerToken + sub) / kChunksPerScale;
+      uint8_t* sp = kv_cache + scale_offset(slot) + block * kScaleSize;
+      if (kScaleUE8M0) store_scale(sp, scale[j]);
+      else *reinterpret_cast<float*>(sp) = scale[j];  // fp32 scales are 4-byte aligned in every layout
+    }
   }
-  // amax over this thread's scale block: a butterfly inside aligned groups of kLanesPerScale lanes
-  float amax = 0.f;
-#pragma unroll
-  for (int e = 0; e < kPerThread; ++e) amax = fmaxf(amax, fabsf(x[e]));
-#pragma unroll
-  for (int o = kLanesPerScale / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  amax = fmaxf(amax, kAmaxFloor);
-  float scale = amax / kKeyMax;                 // IEEE division, as the reference
-  if (kScalePow2) scale = pow2_ceil(scale);
-  if (valid && sub % kLanesPerScale == 0) {
-    uint8_t* sp = kv_cache + scale_offset(slot) + (sub / kLanesPerScale) * kScaleSize;
-    if (kScaleUE8M0) store_scale(sp, scale);
-    else *reinterpret_cast<float*>(sp) = scale;  // fp32 scales are 4-byte aligned in every layout
-  }
-  divide(x, scale);
   if (!valid) return;
-  union { uint8_t b[kThreadBytes]; Bytes<kVec>::T v[kThreadBytes / kVec]; } out;
+  uint8_t* dst = kv_cache + key_offset(slot);
 #pragma unroll
-  for (int e = 0; e < kPerThread; e += 2) {
-    // round-to-nearest-even, saturating to +-448 (one cvt for two values)
-    const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(make_float2(x[e], x[e + 1]), __NV_SATFINITE, __NV_E4M3);
-    memcpy(out.b + e, &two, 2);
+  for (int c = 0; c < kChunks; ++c) {
+    float x[kChunk];
+    chunk(c, x);
+    divide(x, scale[c / kScaleRun], rcp[c / kScaleRun]);
+    union { uint8_t b[kChunkBytes]; Bytes<kVec>::T v[kChunkBytes / kVec]; } out;
+#pragma unroll
+    for (int e = 0; e < kChunk; e += 2) {
+      // round-to-nearest-even, saturating to +-448 (one cvt for two values)
+      const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(make_float2(x[e], x[e + 1]), __NV_SATFINITE, __NV_E4M3);
+      memcpy(out.b + e, &two, 2);
+    }
+    using V = Bytes<kVec>::T;
+    V* p = reinterpret_cast<V*>(dst + (c * kThreadsPerToken + sub) * kChunkBytes);
+#pragma unroll
+    for (int i = 0; i < kChunkBytes / kVec; ++i) p[i] = out.v[i];
   }
-  uint8_t* dst = kv_cache + key_offset(slot) + sub * kThreadBytes;
-  using V = Bytes<kVec>::T;
-#pragma unroll
-  for (int i = 0; i < kThreadBytes / kVec; ++i) reinterpret_cast<V*>(dst)[i] = out.v[i];
 }
 
 // k: [n, kHeadDim] of In (fp32 or bf16), 16-byte aligned; loc: [n] int64 slots. A grid of at
@@ -141,7 +178,7 @@ template <typename In>
 __global__ void __launch_bounds__(kBlockThreads)
 store_kernel(const In* __restrict__ k, uint8_t* __restrict__ kv_cache,
              const int64_t* __restrict__ loc, int64_t n) {
-  const int sub = threadIdx.x % kThreadsPerToken;               // this thread's part of its token
+  const int sub = threadIdx.x % kThreadsPerToken;               // this thread's lane in its token
   const int64_t stride = int64_t(gridDim.x) * kTokensPerBlock;
   // tokens of this thread at this step: t + p * kTokensPerPass; a warp steps while its first
   // token is < n (the shuffles need every lane)
@@ -154,7 +191,7 @@ store_kernel(const In* __restrict__ k, uint8_t* __restrict__ kv_cache,
       const int64_t tp = t0 + p * kTokensPerPass;
       slot[p] = 0;
       if (tp < n) {
-        raw[p] = load_raw(k, tp * kHeadDim + sub * kPerThread);
+        raw[p] = load_raw(k, tp * kHeadDim, sub);
         slot[p] = __ldcs(loc + tp);
       }
     }
@@ -165,7 +202,7 @@ store_kernel(const In* __restrict__ k, uint8_t* __restrict__ kv_cache,
   for (; t - lead < n; t += stride) {
     Raw<In> next[kPasses];
     int64_t next_slot[kPasses];
-    load_step(t + stride, next, next_slot);
+    if (t - lead + stride < n) load_step(t + stride, next, next_slot);   // (the warp steps again)
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int64_t tp = t + p * kTokensPerPass;
