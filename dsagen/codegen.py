@@ -187,10 +187,13 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     by ``setmaxnreg``, at least the launch's (0: off; warpgroup 0 keeps 40, or less where the launch's registers
     require: 32 at 4 math warpgroups and ``maxnreg`` 112). ``store_passes``: tokens each store thread
     converts per grid step (1 to 4). ``store_lanes``: lanes per token of the store kernel (2, 4,
-    8, 16 or 32, at most head_dim / 8; default 4: each lane converts 32 elements of a 128-element
-    key, so the per-scale work of fp8 keys is shared by 4x the elements of 16 lanes; H200,
-    N=65536: bf16 12.2 us against 13.1 at 16 lanes, fp8 13.7 / 14.1 us at random slots and
-    11.5 / 13.5 us at whole pages).
+    8, 16 or 32, at most head_dim / 8). Default 4 where a lane's 8-element chunk is stored in
+    8- or 16-byte vectors (each lane converts 32 elements of a 128-element key, so the
+    per-scale work of fp8 keys is shared by 4x the elements of 16 lanes; H200, N=65536: bf16
+    12.2 us against 13.1 at 16 lanes, fp8 13.7 / 14.1 us at random slots and 11.5 / 13.5 us at
+    whole pages), else 16 (4-byte vectors: keys at a 132-byte token stride, e2m1 chunks; at 4
+    lanes their stores touched each 32-byte sector twice and N=65536 took 26.7-27.3 us against
+    18.5-19.1 us at 16; e2m1's 4 scale blocks per lane cost 1.8 us at N<=128).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
@@ -207,7 +210,13 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 heads
             "math_wgs": 4 if wide else 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
             "math": True, "fuse": 128, "maxnreg": 112 if wide else 0, "chains": 0,
-            "wregs": 128 if wide else True, "store_passes": 1, "store_lanes": 4}
+            "wregs": 128 if wide else True, "store_passes": 1, "store_lanes": 4 if _store_vec(spec) >= 8 else 16}
+
+
+def _store_vec(spec: Spec) -> int:
+    """Bytes of the store kernel's widest aligned key store: an 8-element chunk (``key.bits``
+    bytes) as far as the key's alignment in ``kv_cache`` allows."""
+    return math.gcd(spec.key.bits, spec.key_align)
 
 
 def _check_counts(tune: dict[str, Any]) -> None:
@@ -361,16 +370,15 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
             return out
     except (OSError, ValueError):
         pass
-    thread_bytes = spec.key.bits  # the store kernel's 8 elements per thread, in bytes
     ctx = {
         "spec": spec,
         "ns": ns,
         "lay": spec.layout,
         "q_scalar": spec.query.aten,
         "q_dtype_name": f"torch.{spec.query.torch_name}",
-        "store_vec": math.gcd(thread_bytes, spec.key_align),
+        "store_vec": _store_vec(spec),
         # kv_cache alignment the store kernel needs: its key vectors, and fp32 scales in kv_cache
-        "store_align": math.lcm(math.gcd(thread_bytes, spec.key_align),
+        "store_align": math.lcm(_store_vec(spec),
                                 4 if spec.scale_dtype == "fp32" and not spec.separate_scales else 1),
         "wgmma": uses_wgmma(spec) and tune["kernel"] in ("ws", "wgmma"),
         "ws_stages": {nn: ws_stages(spec, nn, tune) for nn in spec.next_n},

@@ -112,3 +112,19 @@ def test_tunings_the_registers_cannot_hold_are_capped_or_refused():
                 {"store_lanes": 64}, {"chains": 3}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             render(spec, bad)
+
+
+@pytest.mark.parametrize("name, lanes", [("fp8_e4m3_page64", 4), ("bf16_page64", 4), ("fp8_e4m3_ue8m0_page64", 4),
+                                         ("fp8_e4m3_interleaved_page64", 16), ("fp8_e4m3_page1", 16),
+                                         ("fp4_e2m1_page64", 16)])
+def test_store_lanes_default_follows_the_key_vector(name, lanes):
+    # 4 lanes per token where a lane's chunk is stored in 8- or 16-byte vectors; 16 where only
+    # 4-byte vectors are aligned (keys at a 132-byte token stride, e2m1 chunks)
+    spec = dsagen.load_spec(SPECS[name])
+    assert default_tuning(spec)["store_lanes"] == lanes
+    src = render(spec)["store.cu"]
+    assert f"constexpr int kThreadsPerToken = {lanes} < kChunksPerToken ? {lanes} : kChunksPerToken;" in src
+    # an explicit value wins, capped at head_dim / 8 lanes
+    assert "kThreadsPerToken = 8 < kChunksPerToken" in render(spec, {"store_lanes": 8})["store.cu"]
+    narrow = dsagen.load_spec(SPECS["bf16_page64"]).with_(head_dim=32)
+    assert "kThreadsPerToken = 4 < kChunksPerToken" in render(narrow, {"store_lanes": 32})["store.cu"]

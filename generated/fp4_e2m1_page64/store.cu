@@ -21,7 +21,7 @@ using KeyT = uint8_t;
 // step) before it converts any, to keep enough bytes in flight for prefill-sized N.
 constexpr int kChunk = 8;                                       // elements per chunk
 constexpr int kChunksPerToken = kHeadDim / kChunk;
-constexpr int kThreadsPerToken = 4 < kChunksPerToken ? 4 : kChunksPerToken;
+constexpr int kThreadsPerToken = 16 < kChunksPerToken ? 16 : kChunksPerToken;
 constexpr int kChunks = kChunksPerToken / kThreadsPerToken;     // chunks per thread and token
 constexpr int kPerThread = kChunks * kChunk;                    // elements per thread and token
 constexpr int kChunkBytes = kChunk * 4 / 8;   // key bytes of one chunk
