@@ -54,6 +54,25 @@ def decode_inputs(ops, spec, B, next_n, ctx, g, device="cuda"):
     return q, cache, w, cl, bt
 
 
+def store_sets(ops, spec, n, pattern, g, device="cuda"):
+    """Rotated input sets (>= 256 MB in all) for storing n random keys into a pool of 4n slots:
+    distinct random slots (`random`, a decode-like scatter) or whole pages in a random order
+    (`pages`, a prefill). Each set is (k, kv_cache, loc)."""
+    pages = max(1, 4 * n // spec.page_size)
+    nsets = max(4, int(256e6 // (pages * spec.layout.page_stride)) + 1)
+    sets = []
+    for _ in range(nsets):
+        cache = ops.new_cache(pages, device)
+        k = random_keys(n, spec.head_dim, g, device)
+        if pattern == "random":
+            loc = torch.randperm(pages * spec.page_size, device=device)[:n]
+        else:
+            loc = (torch.randperm(pages, device=device)[:, None] * spec.page_size
+                   + torch.arange(spec.page_size, device=device)).flatten()[:n]
+        sets.append((k, cache, loc))
+    return sets
+
+
 def main(specs):
     bw = copy_bw()
     print(f"copy bandwidth {bw:.0f} GB/s ({torch.cuda.get_device_name()})")

@@ -11,29 +11,14 @@ import sys
 import torch
 
 import dsagen
-from dsagen.verify import random_keys
-from quick_time import copy_bw, time_fn
+from quick_time import copy_bw, store_sets, time_fn
 
 ROUNDS = 5
 
 
 def cases(spec, ops, g):
-    out = []
-    for n, pattern in ((128, "random"), (65536, "random"), (65536, "pages")):
-        pages = max(1, 4 * n // spec.page_size)
-        nsets = max(4, int(256e6 // (pages * spec.layout.page_stride)) + 1)
-        sets = []
-        for _ in range(nsets):
-            cache = ops.new_cache(pages, "cuda")
-            k = random_keys(n, spec.head_dim, g, "cuda")
-            if pattern == "random":
-                loc = torch.randperm(pages * spec.page_size, device="cuda")[:n]
-            else:
-                loc = (torch.randperm(pages, device="cuda")[:, None] * spec.page_size
-                       + torch.arange(spec.page_size, device="cuda")).flatten()[:n]
-            sets.append((k, cache, loc))
-        out.append((f"N={n} {pattern}", n, sets))
-    return out
+    return [(f"N={n} {pattern}", n, store_sets(ops, spec, n, pattern, g))
+            for n, pattern in ((128, "random"), (65536, "random"), (65536, "pages"))]
 
 
 def main(path, tunings):

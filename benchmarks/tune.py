@@ -11,8 +11,7 @@ import torch
 
 import dsagen
 from dsagen import verify as V
-from dsagen.verify import random_keys
-from quick_time import copy_bw, decode_inputs, time_fn
+from quick_time import copy_bw, decode_inputs, store_sets, time_fn
 
 SHAPES = [(32, 8192), (128, 8192), (128, 32768)]
 if os.environ.get("TUNE_SHAPES"):   # e.g. "32x64,32x1024,32x8192"
@@ -59,18 +58,7 @@ def main(path, tunings):
             rows = [V.check_store(ops, spec, n, g, "cuda") for n in (1, 77, 4096)]
             print(f"{spec.name} {tuning}: store {' '.join('ok' if r.passed else 'FAIL ' + r.note for r in rows)}", flush=True)
             for n, pattern in ((128, "random"), (65536, "random"), (65536, "pages")):
-                pages = max(1, 4 * n // spec.page_size)
-                nsets = max(4, int(256e6 // (pages * spec.layout.page_stride)) + 1)
-                sets = []
-                for _ in range(nsets):
-                    cache = ops.new_cache(pages, "cuda")
-                    k = random_keys(n, spec.head_dim, g, "cuda")
-                    if pattern == "random":   # distinct random slots (decode-like scatter)
-                        loc = torch.randperm(pages * spec.page_size, device="cuda")[:n]
-                    else:                     # whole pages in a random order (a prefill)
-                        loc = (torch.randperm(pages, device="cuda")[:, None] * spec.page_size
-                               + torch.arange(spec.page_size, device="cuda")).flatten()[:n]
-                    sets.append((k, cache, loc))
+                sets = store_sets(ops, spec, n, pattern, g)
                 us = time_fn([lambda a=a: ops.store(*a) for a in sets], iters=60)
                 nbytes = n * (spec.head_dim * 2 + spec.bytes_per_token + 8)
                 gbs = nbytes / us / 1e3
