@@ -187,11 +187,11 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     by ``setmaxnreg``, at least the launch's (0: off; warpgroup 0 keeps 40, or less where the launch's registers
     require: 32 at 4 math warpgroups and ``maxnreg`` 112). ``store_passes``: tokens each store thread
     converts per grid step (1 to 4). ``store_lanes``: lanes per token of the store kernel (2, 4,
-    8, 16 or 32, at most head_dim / 8). Default 4 where a lane's 8-element chunk is stored in
-    8- or 16-byte vectors (each lane converts 32 elements of a 128-element key, so the
+    8, 16 or 32; a value above head_dim / 8 is lowered to it). Default 4 where a lane's
+    8-element chunk is stored in 8- or 16-byte vectors (each lane converts 32 elements of a 128-element key, so the
     per-scale work of fp8 keys is shared by 4x the elements of 16 lanes; H200, N=65536: bf16
     12.2 us against 13.1 at 16 lanes, fp8 13.7 / 14.1 us at random slots and 11.5 / 13.5 us at
-    whole pages), else 16 (4-byte vectors: keys at a 132-byte token stride, e2m1 chunks; at 4
+    whole pages), else 16 (1- to 4-byte vectors: keys at a 132-byte token stride, e2m1 chunks; at 4
     lanes their stores touched each 32-byte sector twice and N=65536 took 26.7-27.3 us against
     18.5-19.1 us at 16; e2m1's 4 scale blocks per lane cost 1.8 us at N<=128).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe

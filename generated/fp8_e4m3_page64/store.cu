@@ -23,7 +23,6 @@ constexpr int kChunk = 8;                                       // elements per 
 constexpr int kChunksPerToken = kHeadDim / kChunk;
 constexpr int kThreadsPerToken = 4 < kChunksPerToken ? 4 : kChunksPerToken;
 constexpr int kChunks = kChunksPerToken / kThreadsPerToken;     // chunks per thread and token
-constexpr int kPerThread = kChunks * kChunk;                    // elements per thread and token
 constexpr int kChunkBytes = kChunk * 8 / 8;   // key bytes of one chunk
 constexpr int kVec = 8;                           // widest aligned store (bytes)
 constexpr int kBlockThreads = 256;
