@@ -78,7 +78,7 @@ def _run_verify(spec: Spec, ops, device: str, json_rows: list) -> bool:
     return rep.passed
 
 
-def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True) -> bool:
+def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True, unrun: set | None = None) -> bool:
     import torch
 
     from . import jit
@@ -100,6 +100,10 @@ def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True) -> bool:
     if archs:
         ok &= _run_verify(spec, ops, "cuda", json_rows)
     not_run = [t for t in spec.targets if t not in archs]
+    if unrun is not None:
+        unrun.update(not_run)
+    if not_run and not nvcc_check:
+        click.echo(f"[{spec.name}] --no-nvcc: CUDA for {not_run} neither compiled nor run")
     if not_run and nvcc_check:
         if jit.find_nvcc() is None:
             click.echo(f"[{spec.name}] nvcc not found: CUDA for {not_run} NOT compiled")
@@ -127,11 +131,14 @@ def compile(specs, json_out, no_nvcc):  # noqa: A001 - the command is called com
     """Render, build, verify each spec; compile (not run) CUDA for targets with no local device."""
     rows: list = []
     ok = True
+    unrun: set = set()
     for s in _specs(specs):
-        ok &= _compile_one(s, rows, nvcc_check=not no_nvcc)
+        ok &= _compile_one(s, rows, nvcc_check=not no_nvcc, unrun=unrun)
     if json_out:
         Path(json_out).write_text(json.dumps(rows, indent=1))
-    click.echo("dsagen compile: " + ("all verified" if ok else "FAILED"))
+    what = "CUDA for " + ", ".join(sorted(unrun)) + (" not compiled (--no-nvcc)" if no_nvcc else " compiled only")
+    click.echo("dsagen compile: " + ("all verified" if ok else "FAILED")
+               + (f" ({what}, not run: no such device here)" if unrun else ""))
     sys.exit(0 if ok else 1)
 
 
