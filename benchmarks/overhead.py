@@ -8,7 +8,7 @@ import torch
 
 import dsagen
 from dsagen.verify import random_keys
-from quick_time import decode_inputs, time_fn
+from quick_time import decode_sets, time_fn
 
 
 def main(paths):
@@ -22,8 +22,7 @@ def main(paths):
             ops = dsagen.load(spec, tuning=tuning)
             for B, ctx in ((1, 64), (132, 64), (132, 192), (32, 1024), (32, 8192)):
                 for nn in spec.next_n:
-                    nsets = max(4, int(256e6 // (B * ctx * spec.bytes_per_token)) + 1)
-                    sets = [decode_inputs(ops, spec, B, nn, ctx, g) for _ in range(nsets)]
+                    sets = decode_sets(ops, spec, B, nn, ctx, g)
                     us = time_fn([lambda a=a: ops.paged_logits(*a, ctx, True) for a in sets], iters=100)
                     print(f"{spec.name} {tuning} B={B:4d} ctx={ctx:5d} next_n={nn} {us:7.2f} us", flush=True)
                     del sets

@@ -54,6 +54,12 @@ def decode_inputs(ops, spec, B, next_n, ctx, g, device="cuda"):
     return q, cache, w, cl, bt
 
 
+def decode_sets(ops, spec, B, next_n, ctx, g):
+    """Rotated decode_inputs sets: at least 4, and enough that their caches exceed 256 MB."""
+    nsets = max(4, int(256e6 // (B * ctx * spec.bytes_per_token)) + 1)
+    return [decode_inputs(ops, spec, B, next_n, ctx, g) for _ in range(nsets)]
+
+
 def store_sets(ops, spec, n, pattern, g, device="cuda"):
     """Rotated input sets (>= 256 MB in all) for storing n random keys into a pool of 4n slots:
     distinct random slots (`random`, a decode-like scatter) or whole pages in a random order
@@ -82,8 +88,7 @@ def main(specs):
         ops = dsagen.load(spec)
         for B, ctx in ((32, 8192), (128, 8192), (32, 32768), (128, 32768), (128, 65536)):
             for next_n in spec.next_n:
-                nsets = max(4, int(256e6 // (B * ctx * spec.bytes_per_token)) + 1)
-                sets = [decode_inputs(ops, spec, B, next_n, ctx, g) for _ in range(nsets)]
+                sets = decode_sets(ops, spec, B, next_n, ctx, g)
                 fns = [lambda a=a: ops.paged_logits(*a, ctx, True) for a in sets]
                 us = time_fn(fns)
                 nbytes = B * ctx * spec.bytes_per_token + sets[0][0].numel() * sets[0][0].element_size() \

@@ -11,7 +11,7 @@ import torch
 
 import dsagen
 from dsagen import verify as V
-from quick_time import copy_bw, decode_inputs, store_sets, time_fn
+from quick_time import copy_bw, decode_sets, store_sets, time_fn
 
 SHAPES = [(32, 8192), (128, 8192), (128, 32768)]
 if os.environ.get("TUNE_SHAPES"):   # e.g. "32x64,32x1024,32x8192"
@@ -66,8 +66,7 @@ def main(path, tunings):
                 del sets
         for B, ctx in SHAPES:
             for next_n in spec.next_n:
-                nsets = max(4, int(256e6 // (B * ctx * spec.bytes_per_token)) + 1)
-                sets = [decode_inputs(ops, spec, B, next_n, ctx, g) for _ in range(nsets)]
+                sets = decode_sets(ops, spec, B, next_n, ctx, g)
                 us = time_fn([lambda a=a: ops.paged_logits(*a, ctx, True) for a in sets], iters=60)
                 nbytes = B * ctx * spec.bytes_per_token + B * next_n * spec.num_heads * (spec.head_dim * spec.query.bits // 8 + 4) + B * next_n * ctx * 4
                 gbs = nbytes / us / 1e3
