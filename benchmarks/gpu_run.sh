@@ -32,7 +32,7 @@ for s in $steps; do
               --device cuda --out $OUT/recall 2>&1 | tee $OUT/recall.log ;;
     tests) python3 -m pytest -q tests 2>&1 | tee $OUT/tests.log ;;
     gputests) python3 -m pytest -q -rs -m gpu tests/ 2>&1 | tee $OUT/tests_gpu.log ;;
-    overhead) (cd benchmarks && python3 overhead.py ../specs/fp8_e4m3_page64.yaml) 2>&1 | tee $OUT/overhead.log ;;
+    overhead) (cd benchmarks && eval python3 overhead.py ../specs/fp8_e4m3_page64.yaml ${OVERHEAD_TUNINGS:-}) 2>&1 | tee $OUT/overhead.log ;;
     gpustore) python3 -m pytest -q -rs -m gpu tests/ -k "store" 2>&1 | tee $OUT/tests_gpu_store.log ;;
     quick) python3 benchmarks/quick_time.py specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml 2>&1 | tee $OUT/quick.log ;;
     bench) DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json python3 -m dsagen.cli bench specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml --json $OUT/h200.json 2>&1 | tee $OUT/bench.log ;;
@@ -43,6 +43,13 @@ if [ -n "${TUNE_FP8:-}" ]; then
 fi
 if [ -n "${TUNE_BF16:-}" ]; then
   (cd benchmarks && eval timeout ${TUNE_TIMEOUT:-300} python3 tune.py ../specs/bf16_page64.yaml $TUNE_BF16) 2>&1 | tee $OUT/tune_bf16.log
+fi
+# PAGED_FP8 / PAGED_BF16: quoted JSON tunings for benchmarks/paged_time.py (interleaved paged-logits timing)
+if [ -n "${PAGED_FP8:-}" ]; then
+  (cd benchmarks && eval timeout ${TUNE_TIMEOUT:-300} python3 paged_time.py ../specs/fp8_e4m3_page64.yaml $PAGED_FP8) 2>&1 | tee $OUT/paged_fp8.log
+fi
+if [ -n "${PAGED_BF16:-}" ]; then
+  (cd benchmarks && eval timeout ${TUNE_TIMEOUT:-300} python3 paged_time.py ../specs/bf16_page64.yaml $PAGED_BF16) 2>&1 | tee $OUT/paged_bf16.log
 fi
 # STORE_FP8 / STORE_BF16: quoted JSON tunings for benchmarks/store_time.py (interleaved store timing)
 if [ -n "${STORE_FP8:-}" ]; then

@@ -1,7 +1,10 @@
 """Fixed costs of the paged-logits and store kernels on the GPU (development aid): the event
 time of an empty kernel and of a one-element op after the same spin, then paged_logits at tiny
 shapes (one tile; one tile per SM) and at B=32 ctx 8192 with and without the math
-(`math: false`), and store at N=1. Usage: python benchmarks/overhead.py SPEC [SPEC ...]"""
+(`math: false`), and store at N=1.
+Usage: python benchmarks/overhead.py SPEC ['json-tuning' ...] (default tunings: {} and
+{"math": false})"""
+import json
 import sys
 
 import torch
@@ -11,14 +14,13 @@ from dsagen.verify import random_keys
 from quick_time import decode_sets, time_fn
 
 
-def main(paths):
+def main(path, tunings):
     x = torch.ones(1, device="cuda")
     print(f"empty kernel (_sleep 0): {time_fn([lambda: torch.cuda._sleep(0)], iters=200):6.2f} us", flush=True)
     print(f"one-element add:         {time_fn([lambda: x.add_(1)], iters=200):6.2f} us", flush=True)
     g = torch.Generator().manual_seed(3)
-    for path in paths:
-        spec = dsagen.load_spec(path)
-        for tuning in ({}, {"math": False}):
+    for spec in (dsagen.load_spec(path),):
+        for tuning in tunings:
             ops = dsagen.load(spec, tuning=tuning)
             for B, ctx in ((1, 64), (132, 64), (132, 192), (32, 1024), (32, 8192)):
                 for nn in spec.next_n:
@@ -35,4 +37,4 @@ def main(paths):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(sys.argv[1], [json.loads(t) for t in sys.argv[2:]] or [{}, {"math": False}])

@@ -194,6 +194,12 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     whole pages), else 16 (1- to 4-byte vectors: keys at a 132-byte token stride, e2m1 chunks; at 4
     lanes their stores touched each 32-byte sector twice and N=65536 took 26.7-27.3 us against
     18.5-19.1 us at 16; e2m1's 4 scale blocks per lane cost 1.8 us at N<=128).
+    ``loop``: how the math warpgroups of ``ws`` walk their tiles: ``request`` (per request, a
+    plain loop over its tiles with the request's values set once: 239 instead of about 280
+    instructions per tile and warp at fp8 next_n 2, H200 B=128 ctx 32768 next_n 2: 162.7 vs
+    170.9-171.9 us) or ``unit`` (one loop over the schedule's units, re-deriving them per tile:
+    fewer registers; the default of the 4-warpgroup 16-bit configuration, where ``request``
+    spilled at next_n 2 and bf16 B=128 ctx 32768 next_n 2 took 363.5 us instead of 282).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
@@ -210,7 +216,7 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 heads
             "math_wgs": 4 if wide else 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
             "math": True, "fuse": 128, "maxnreg": 112 if wide else 0, "chains": 0,
-            "wregs": 128 if wide else True, "store_passes": 1, "store_lanes": 4 if _store_vec(spec) >= 8 else 16}
+            "wregs": 128 if wide else True, "loop": "unit" if wide else "request", "store_passes": 1, "store_lanes": 4 if _store_vec(spec) >= 8 else 16}
 
 
 def _store_vec(spec: Spec) -> int:
@@ -229,6 +235,15 @@ def _check_counts(tune: dict[str, Any]) -> None:
     v = tune["store_lanes"]
     if isinstance(v, bool) or v not in (2, 4, 8, 16, 32):
         raise ValueError(f"tuning store_lanes={v!r}: must be 2, 4, 8, 16 or 32")
+    _loop(tune)
+
+
+def _loop(tune: dict[str, Any]) -> str:
+    """The tuning ``loop`` (``request`` or ``unit``); ValueError otherwise."""
+    v = tune["loop"]
+    if v not in ("request", "unit"):
+        raise ValueError(f"tuning loop={v!r}: must be 'request' or 'unit'")
+    return v
 
 
 def _chains(spec: Spec, tune: dict[str, Any]) -> int:
@@ -383,6 +398,7 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "wgmma": uses_wgmma(spec) and tune["kernel"] in ("ws", "wgmma"),
         "ws_stages": {nn: ws_stages(spec, nn, tune) for nn in spec.next_n},
         "math_wgs": int(tune["math_wgs"]),
+        "request_loop": _loop(tune) == "request",
         "ws_math": bool(tune["math"]),
         "ws_smem": {nn: ws_smem_bytes(spec, nn, int(tune["math_wgs"]), ws_stages(spec, nn, tune))
                     for nn in spec.next_n},

@@ -109,7 +109,7 @@ def test_tunings_the_registers_cannot_hold_are_capped_or_refused():
     wide = bf16.with_(num_heads=128, next_n=[1])          # 128 heads: 2 math warpgroups, as before
     assert default_tuning(wide)["math_wgs"] == 2 and default_tuning(wide)["maxnreg"] == 0
     for bad in ({"math_wgs": 5}, {"math_wgs": 0}, {"store_passes": 0}, {"store_passes": 2.5}, {"store_lanes": 3},
-                {"store_lanes": 64}, {"chains": 3}):
+                {"store_lanes": 64}, {"chains": 3}, {"loop": "tile"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             render(spec, bad)
 

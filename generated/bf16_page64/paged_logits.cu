@@ -934,6 +934,8 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
   } else if (lo < hi) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 112;\n" ::: "memory");
     // ---- math warpgroup w: tile w of every split -----------------------------------------------
+    // Tuning loop=unit: one loop over the CTA's units (Cursor), the request's values re-derived
+    // per tile (fewer registers: for the 4-warpgroup register budget).
     const int w = warp / 4 - 1, wlane = tid & 127;
     const int r0 = (wlane >> 5) * 16 + (lane >> 2);
     Cursor<NEXT_N, kSplit> cur{first_b, first_split, 0};

@@ -933,11 +933,11 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     fill_tail<NEXT_N>(context_lens, ctx_2d, batch, max_len, logits, max_context_len, tid, 128);
   } else if (lo < hi) {
     // ---- math warpgroup w: tile w of every split -----------------------------------------------
+    // Tuning loop=request: the requests in schedule order (as Cursor walks them: those without
+    // keys skipped); in each, a plain loop over this warpgroup's tiles, the request's values (q
+    // slot, bounds, weights, logits rows) set once outside it.
     const int w = warp / 4 - 1, wlane = tid & 127;
     const int r0 = (wlane >> 5) * 16 + (lane >> 2);
-    Cursor<NEXT_N, kSplit> cur{first_b, first_split, 0};
-    cur.len = request_len<NEXT_N>(context_lens, ctx_2d, cur.b, max_len);
-    int phase = -1, prev_b = -1;
     uint32_t count = 0;                                 // tiles done by this warpgroup
     // shared-memory addresses of this warpgroup's stages, scales and barriers, computed once
     const uint32_t sk_w = smem_u32(sk + w * STAGES * kTileBytes), full_w = smem_u32(full + w * STAGES);
@@ -945,40 +945,44 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     const float* sscale_w = sscale + w * STAGES * kTile;
     int bound[NEXT_N];
     float wr[kWRegsFor<NEXT_N> ? NEXT_N * kNumHeads / 4 : 1];
-    for (int u = lo; u < hi; ++u) {
-      const int b = cur.b;
-      if (b != prev_b) {
-        if (phase >= 0) mbar_arrive(q_empty + (phase & 1));   // done with the previous request's q
-        ++phase;
-        mbar_wait(q_full + (phase & 1), (phase >> 1) & 1);
+    int b = first_b, u = first_split, g = lo;           // request, its first split here, its global unit
+    for (int phase = 0;; ++phase) {
+      const int len = request_len<NEXT_N>(context_lens, ctx_2d, b, max_len);
+      const int u_end = min((len + kSplit - 1) / kSplit, u + (hi - g));
+      mbar_wait(q_full + (phase & 1), (phase >> 1) & 1);
 #pragma unroll
-        for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
-        if constexpr (kWRegsFor<NEXT_N>) {   // this thread's weights: head pairs 8j + 2*quad + {0,1} of each position
-          const float* src = sw + (phase & 1) * N + (lane & 3) * 2;
+      for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
+      if constexpr (kWRegsFor<NEXT_N>) {   // this thread's weights: head pairs 8j + 2*quad + {0,1} of each position
+        const float* src = sw + (phase & 1) * N + (lane & 3) * 2;
 #pragma unroll
-          for (int i = 0; i < NEXT_N; ++i)
+        for (int i = 0; i < NEXT_N; ++i)
 #pragma unroll
-            for (int j = 0; j < kNumHeads / 8; ++j) {
-              wr[i * (kNumHeads / 4) + 2 * j] = src[i * kNumHeads + 8 * j];
-              wr[i * (kNumHeads / 4) + 2 * j + 1] = src[i * kNumHeads + 8 * j + 1];
-            }
-        }
-        prev_b = b;
+          for (int j = 0; j < kNumHeads / 8; ++j) {
+            wr[i * (kNumHeads / 4) + 2 * j] = src[i * kNumHeads + 8 * j];
+            wr[i * (kNumHeads / 4) + 2 * j + 1] = src[i * kNumHeads + 8 * j + 1];
+          }
       }
-      const int tile = cur.unit * kMathWGs + w;
-      if (tile * kTile < cur.len) {
+      float* logits_b = logits + int64_t(b) * NEXT_N * max_context_len;
+      const uint32_t q_addr = smem_u32(sq + (phase & 1) * kQBytes);
+      const float* w_src = kWRegsFor<NEXT_N> ? wr : sw + (phase & 1) * N;
+      const int tile_end = min(u_end * kMathWGs, (len + kTile - 1) / kTile);
+      for (int tile = u * kMathWGs + w; tile < tile_end; tile += kMathWGs) {
         const uint32_t stage = count % STAGES;
         mbar_wait(full_w + stage * 8, (count / STAGES) & 1);
         const float sc0 = kQuantized ? sscale_w[stage * kTile + r0] : 1.f;
         const float sc1 = kQuantized ? sscale_w[stage * kTile + r0 + 8] : 1.f;
         // the stage is freed (this thread's reads are done) as soon as the tensor core has read it
-        tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(sk_w + stage * kTileBytes,
-                                           smem_u32(sq + (phase & 1) * kQBytes), kWRegsFor<NEXT_N> ? wr : sw + (phase & 1) * N,
-                            sc0, sc1, bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len,
+        tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(sk_w + stage * kTileBytes, q_addr, w_src,
+                            sc0, sc1, bound, logits_b, max_context_len,
                             max_len, tile * kTile, clean_logits, wlane, [&] { mbar_arrive(empty_w + stage * 8); });
         ++count;
       }
-      cur.advance(context_lens, ctx_2d, batch, max_len);
+      g += u_end - u;
+      if (g >= hi) break;
+      mbar_arrive(q_empty + (phase & 1));              // done with this request's q
+      do { ++b; } while (b < batch && request_len<NEXT_N>(context_lens, ctx_2d, b, max_len) == 0);
+      if (b >= batch) break;                           // (not reached: units [g, hi) lie in later requests)
+      u = 0;
     }
   }
 #endif
