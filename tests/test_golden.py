@@ -128,3 +128,18 @@ def test_store_lanes_default_follows_the_key_vector(name, lanes):
     assert "kThreadsPerToken = 8 < kChunksPerToken" in render(spec, {"store_lanes": 8})["store.cu"]
     narrow = dsagen.load_spec(SPECS["bf16_page64"]).with_(head_dim=32)
     assert "kThreadsPerToken = 4 < kChunksPerToken" in render(narrow, {"store_lanes": 32})["store.cu"]
+
+
+@pytest.mark.parametrize("name, loop", [("fp8_e4m3_page64", "request"), ("fp8_e4m3_ue8m0_page64", "request"),
+                                        ("bf16_page64", "unit"), ("fp16_page64", "unit")])
+def test_math_loop_default(name, loop):
+    # the per-request math loop wherever it compiles without spills; the 4-warpgroup 16-bit
+    # configuration (112 registers by setmaxnreg) keeps the per-unit loop
+    spec = dsagen.load_spec(SPECS[name])
+    assert default_tuning(spec)["loop"] == loop
+    for chosen in ("request", "unit"):
+        src = render(spec, {"loop": chosen})["paged_logits.cu"]
+        assert ("Tuning loop=request" in src) == (chosen == "request")
+        assert ("Tuning loop=unit" in src) == (chosen == "unit")
+    # a 16-bit spec with next_n * num_heads above 128 runs 3 math warpgroups: the request loop
+    assert default_tuning(spec.with_(next_n=[3]))["loop"] == "request"
