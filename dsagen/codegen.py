@@ -196,8 +196,8 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     18.5-19.1 us at 16; e2m1's 4 scale blocks per lane cost 1.8 us at N<=128).
     ``loop``: how the math warpgroups of ``ws`` walk their tiles: ``request`` (per request, a
     plain loop over its tiles with the request's values set once: 239 instead of about 280
-    instructions per tile and warp at fp8 next_n 2, H200 B=128 ctx 32768 next_n 2: 162.7 vs
-    170.9-171.9 us) or ``unit`` (one loop over the schedule's units, re-deriving them per tile:
+    instructions per tile and warp at fp8 next_n 2; H200, same process, B=128 ctx 32768 next_n 2:
+    164.3 vs 172.8 us, next_n 1 0.3-0.6 % faster) or ``unit`` (one loop over the schedule's units, re-deriving them per tile:
     fewer registers; the default of the 4-warpgroup 16-bit configuration, where ``request``
     spilled at next_n 2 and bf16 B=128 ctx 32768 next_n 2 took 363.5 us instead of 282).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
@@ -216,7 +216,8 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 heads
             "math_wgs": 4 if wide else 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
             "math": True, "fuse": 128, "maxnreg": 112 if wide else 0, "chains": 0,
-            "wregs": 128 if wide else True, "loop": "unit" if wide else "request", "store_passes": 1, "store_lanes": 4 if _store_vec(spec) >= 8 else 16}
+            "wregs": 128 if wide else True, "loop": "unit" if wide else "request", "store_passes": 1,
+            "store_lanes": 4 if _store_vec(spec) >= 8 else 16}
 
 
 def _store_vec(spec: Spec) -> int:
