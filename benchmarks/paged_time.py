@@ -6,19 +6,16 @@ Same timing as benchmarks/quick_time.py (spin-hidden launch, CUDA events, median
 rotated input sets of >= 256 MB, every request ctx long, random page order).
 Usage: python benchmarks/paged_time.py SPEC 'json-tuning' ['json-tuning' ...]
 env: PAGED_SHAPES="32x8192,128x32768" (BxCTX), PAGED_ROUNDS=3"""
-import concurrent.futures as cf
 import json
-import multiprocessing as mp
 import os
-import statistics
 import sys
 
 import torch
 
 import dsagen
 from dsagen import verify as V
-from quick_time import copy_bw, decode_sets, time_fn
-from tune import _build
+from dsagen.bench import paged_logits_bytes
+from quick_time import build_all, copy_bw, decode_sets, interleaved, time_fn
 
 SHAPES = [tuple(map(int, x.split("x"))) for x in
           os.environ.get("PAGED_SHAPES", "32x8192,128x8192,32x32768,128x32768").split(",")]
@@ -44,32 +41,26 @@ def main(path, tunings):
     bw = copy_bw()
     spec = dsagen.load_spec(path)
     print(f"copy bandwidth {bw:.0f} GB/s; {spec.name}", flush=True)
-    with cf.ProcessPoolExecutor(max_workers=min(8, len(tunings)), mp_context=mp.get_context("spawn")) as ex:
-        for line in ex.map(_build, [path] * len(tunings), [json.loads(t) for t in tunings]):
-            print("build", line, flush=True)
+    build_all(path, tunings)
     ops = {t: dsagen.load(spec, tuning=json.loads(t)) for t in tunings}
     g = torch.Generator().manual_seed(7)
     for t in tunings:
         print(f"check {t}: {check(ops[t], spec, g)}", flush=True)
-    res = {}
-    for B, ctx in SHAPES:
-        for nn in spec.next_n:
-            sets = decode_sets(ops[tunings[0]], spec, B, nn, ctx, g)
-            for r in range(ROUNDS):
-                line = []
-                for t in tunings:
-                    us = time_fn([lambda a=a: ops[t].paged_logits(*a, ctx, True) for a in sets], iters=100)
-                    res.setdefault((t, B, ctx, nn), []).append(us)
-                    line.append(f"{us:7.2f}")
-                print(f"round {r} B={B} ctx={ctx} next_n={nn} " + " ".join(line), flush=True)
-            del sets
+    shapes = [(B, ctx, nn) for B, ctx in SHAPES for nn in spec.next_n]
+
+    def cases():   # one shape's input sets alive at a time
+        for B, ctx, nn in shapes:
+            yield f"B={B} ctx={ctx} next_n={nn}", (ctx, decode_sets(ops[tunings[0]], spec, B, nn, ctx, g))
             torch.cuda.empty_cache()
-    for (t, B, ctx, nn), v in res.items():
-        nbytes = B * ctx * spec.bytes_per_token + B * nn * spec.num_heads * (spec.head_dim * spec.query.bits // 8 + 4) \
-            + B * nn * ctx * 4
-        us = statistics.median(v)
-        print(f"{spec.name} B={B:4d} next_n={nn} ctx={ctx:6d} {t:45s} {us:7.2f} us {nbytes / us / 1e3:6.0f} GB/s "
-              f"{100 * nbytes / us / 1e3 / bw:5.1f} %", flush=True)
+
+    med = interleaved(tunings, cases(), lambda t, p: time_fn([lambda a=a: ops[t].paged_logits(*a, p[0], True)
+                                                              for a in p[1]], iters=100), ROUNDS)
+    for B, ctx, nn in shapes:
+        nbytes = paged_logits_bytes(spec, B, nn, B * ctx, ctx)
+        for t in tunings:
+            us = med[(t, f"B={B} ctx={ctx} next_n={nn}")]
+            print(f"{spec.name} B={B:4d} next_n={nn} ctx={ctx:6d} {t:45s} {us:7.2f} us {nbytes / us / 1e3:6.0f} GB/s "
+                  f"{100 * nbytes / us / 1e3 / bw:5.1f} %", flush=True)
 
 
 if __name__ == "__main__":

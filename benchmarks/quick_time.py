@@ -1,11 +1,15 @@
 """Quick paged-logits timing used while developing the kernel (the full harness is dsagen bench)."""
+import concurrent.futures as cf
+import json
+import multiprocessing as mp
 import os
+import statistics
 import sys
-import time
 
 import torch
 
 import dsagen
+from dsagen.bench import paged_logits_bytes
 from dsagen.verify import random_keys
 
 
@@ -37,6 +41,43 @@ def time_fn(fns, iters=50):
     torch.cuda.synchronize()
     v = sorted(s.elapsed_time(e) * 1e3 for s, e in ts)
     return v[len(v) // 2]
+
+
+def _build(path, tuning):
+    # in a fresh process: build (or find) the extension without loading it
+    from dsagen import jit
+    from dsagen.codegen import namespace, render
+    from dsagen.ops import cuda_archs
+    spec = dsagen.load_spec(path)
+    try:
+        built = jit.build_extension(namespace(spec, tuning), render(spec, tuning), cuda_archs(spec), True)
+        return f"{tuning}: {'cached' if built.cached else 'built'} in {built.seconds:.0f} s"
+    except Exception as e:  # reported; the caller's load then fails for this tuning
+        return f"{tuning}: BUILD FAILED {type(e).__name__}: {str(e)[-2000:]}"
+
+
+def build_all(path, tunings):
+    """Build the extension of each JSON tuning of the spec at `path` in parallel processes (up to
+    8), printing one line per tuning; the caller then loads them (cached)."""
+    with cf.ProcessPoolExecutor(max_workers=min(8, len(tunings)), mp_context=mp.get_context("spawn")) as ex:
+        for line in ex.map(_build, [path] * len(tunings), [json.loads(t) for t in tunings]):
+            print("build", line, flush=True)
+
+
+def interleaved(tunings, cases, time_one, rounds):
+    """Time every tuning once per case in each of `rounds` rounds (so drift hits them alike),
+    printing each round; `cases` is [(name, payload)], time_one(tuning, payload) -> us.
+    Returns {(tuning, case name): median us}."""
+    res = {}
+    for name, payload in cases:
+        for r in range(rounds):
+            line = []
+            for t in tunings:
+                us = time_one(t, payload)
+                res.setdefault((t, name), []).append(us)
+                line.append(f"{us:7.2f}")
+            print(f"round {r} {name} " + " ".join(line), flush=True)
+    return {k: statistics.median(v) for k, v in res.items()}
 
 
 def decode_inputs(ops, spec, B, next_n, ctx, g, device="cuda"):
@@ -91,8 +132,7 @@ def main(specs):
                 sets = decode_sets(ops, spec, B, next_n, ctx, g)
                 fns = [lambda a=a: ops.paged_logits(*a, ctx, True) for a in sets]
                 us = time_fn(fns)
-                nbytes = B * ctx * spec.bytes_per_token + sets[0][0].numel() * sets[0][0].element_size() \
-                    + B * next_n * spec.num_heads * 4 + B * next_n * ctx * 4
+                nbytes = paged_logits_bytes(spec, B, next_n, B * ctx, ctx)
                 gbs = nbytes / us / 1e3
                 print(f"{spec.name:18s} B={B:4d} next_n={next_n} ctx={ctx:6d}  {us:8.1f} us  {gbs:6.0f} GB/s  {100*gbs/bw:5.1f}% copy", flush=True)
                 del sets, fns

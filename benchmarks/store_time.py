@@ -5,43 +5,33 @@ pages in a random order (a prefill). Same timing as benchmarks/quick_time.py (sp
 CUDA events, median of `iters`, rotated input sets of >= 256 MB).
 Usage: python benchmarks/store_time.py SPEC 'json-tuning' ['json-tuning' ...]"""
 import json
-import statistics
 import sys
 
 import torch
 
 import dsagen
-from quick_time import copy_bw, store_sets, time_fn
+from dsagen.bench import store_bytes
+from quick_time import build_all, copy_bw, interleaved, store_sets, time_fn
 
 ROUNDS = 5
-
-
-def cases(spec, ops, g):
-    return [(f"N={n} {pattern}", n, store_sets(ops, spec, n, pattern, g))
-            for n, pattern in ((128, "random"), (65536, "random"), (65536, "pages"))]
+CASES = ((128, "random"), (65536, "random"), (65536, "pages"))
 
 
 def main(path, tunings):
     bw = copy_bw()
     spec = dsagen.load_spec(path)
     print(f"copy bandwidth {bw:.0f} GB/s; {spec.name}", flush=True)
+    build_all(path, tunings)
     ops = {t: dsagen.load(spec, tuning=json.loads(t)) for t in tunings}
     g = torch.Generator().manual_seed(5)
-    cs = cases(spec, ops[tunings[0]], g)
-    res = {(t, c[0]): [] for t in tunings for c in cs}
-    for r in range(ROUNDS):
-        for name, n, sets in cs:
-            line = []
-            for t in tunings:
-                us = time_fn([lambda a=a: ops[t].store(*a) for a in sets], iters=100)
-                res[(t, name)].append(us)
-                line.append(f"{us:6.2f}")
-            print(f"round {r} {name:14s} " + " ".join(line), flush=True)
-    for name, n, _ in cs:
-        nbytes = n * (spec.head_dim * 2 + spec.bytes_per_token + 8)
+    cases = [(f"N={n} {pattern}", store_sets(ops[tunings[0]], spec, n, pattern, g)) for n, pattern in CASES]
+    med = interleaved(tunings, cases, lambda t, sets: time_fn([lambda a=a: ops[t].store(*a) for a in sets], iters=100),
+                      ROUNDS)
+    for n, pattern in CASES:
+        nbytes = store_bytes(spec, n)
         for t in tunings:
-            us = statistics.median(res[(t, name)])
-            print(f"{spec.name} {name:14s} {t:40s} {us:6.2f} us {nbytes / us / 1e3:6.0f} GB/s "
+            us = med[(t, f"N={n} {pattern}")]
+            print(f"{spec.name} N={n} {pattern:6s} {t:40s} {us:6.2f} us {nbytes / us / 1e3:6.0f} GB/s "
                   f"{100 * nbytes / us / 1e3 / bw:5.1f} %", flush=True)
 
 

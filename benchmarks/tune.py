@@ -1,9 +1,7 @@
 """Kernel tuning sweep used during development: for each (spec, tuning) variant, check accuracy on
 a few cases and time a few decode shapes (spin-hidden launch, CUDA events, median, rotated caches).
 Usage: python benchmarks/tune.py SPEC 'json-tuning' ['json-tuning' ...]"""
-import concurrent.futures as cf
 import json
-import multiprocessing as mp
 import os
 import sys
 
@@ -11,24 +9,12 @@ import torch
 
 import dsagen
 from dsagen import verify as V
-from quick_time import copy_bw, decode_sets, store_sets, time_fn
+from dsagen.bench import paged_logits_bytes, store_bytes
+from quick_time import build_all, copy_bw, decode_sets, store_sets, time_fn
 
 SHAPES = [(32, 8192), (128, 8192), (128, 32768)]
 if os.environ.get("TUNE_SHAPES"):   # e.g. "32x64,32x1024,32x8192"
     SHAPES = [tuple(map(int, x.split("x"))) for x in os.environ["TUNE_SHAPES"].split(",")]
-
-
-def _build(path, tuning):
-    # in a fresh process: build (or find) the extension without loading it
-    from dsagen import jit
-    from dsagen.codegen import namespace, render
-    from dsagen.ops import cuda_archs
-    spec = dsagen.load_spec(path)
-    try:
-        built = jit.build_extension(namespace(spec, tuning), render(spec, tuning), cuda_archs(spec), True)
-        return f"{tuning}: {'cached' if built.cached else 'built'} in {built.seconds:.0f} s"
-    except Exception as e:  # reported; the timing loop skips it
-        return f"{tuning}: BUILD FAILED {type(e).__name__}: {str(e)[-2000:]}"
 
 
 def main(path, tunings):
@@ -38,9 +24,7 @@ def main(path, tunings):
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     spec = dsagen.load_spec(path)
     g = torch.Generator().manual_seed(1)
-    with cf.ProcessPoolExecutor(max_workers=min(8, len(tunings)), mp_context=mp.get_context("spawn")) as ex:
-        for line in ex.map(_build, [path] * len(tunings), [json.loads(t) for t in tunings]):
-            print("build", line, flush=True)
+    build_all(path, tunings)
     for t in tunings:
         tuning = json.loads(t)
         try:
@@ -60,7 +44,7 @@ def main(path, tunings):
             for n, pattern in ((128, "random"), (65536, "random"), (65536, "pages")):
                 sets = store_sets(ops, spec, n, pattern, g)
                 us = time_fn([lambda a=a: ops.store(*a) for a in sets], iters=60)
-                nbytes = n * (spec.head_dim * 2 + spec.bytes_per_token + 8)
+                nbytes = store_bytes(spec, n)
                 gbs = nbytes / us / 1e3
                 print(f"  store N={n:6d} {pattern:6s} {us:8.1f} us {gbs:6.0f} GB/s {100 * gbs / bw:5.1f}%", flush=True)
                 del sets
@@ -68,7 +52,7 @@ def main(path, tunings):
             for next_n in spec.next_n:
                 sets = decode_sets(ops, spec, B, next_n, ctx, g)
                 us = time_fn([lambda a=a: ops.paged_logits(*a, ctx, True) for a in sets], iters=60)
-                nbytes = B * ctx * spec.bytes_per_token + B * next_n * spec.num_heads * (spec.head_dim * spec.query.bits // 8 + 4) + B * next_n * ctx * 4
+                nbytes = paged_logits_bytes(spec, B, next_n, B * ctx, ctx)
                 gbs = nbytes / us / 1e3
                 print(f"  B={B:4d} next_n={next_n} ctx={ctx:6d} {us:8.1f} us {gbs:6.0f} GB/s {100 * gbs / bw:5.1f}%", flush=True)
                 del sets
