@@ -972,7 +972,8 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
         const float sc0 = kQuantized ? sscale_w[stage * kTile + r0] : 1.f;
         const float sc1 = kQuantized ? sscale_w[stage * kTile + r0 + 8] : 1.f;
         // the stage is freed (this thread's reads are done) as soon as the tensor core has read it
-        tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(sk_w + stage * kTileBytes, q_addr, w_src,
+        tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(sk_w + stage * kTileBytes,
+                                           q_addr, w_src,
                             sc0, sc1, bound, logits_b, max_context_len,
                             max_len, tile * kTile, clean_logits, wlane, [&] { mbar_arrive(empty_w + stage * 8); });
         ++count;
