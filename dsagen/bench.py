@@ -896,7 +896,7 @@ def _as_shape(s) -> Shape:
 
 
 def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | None = None,
-        runs: int | None = None, seed: int = 0) -> list[dict]:
+        runs: int | None = None, seed: int = 0, tuning: dict | None = None) -> list[dict]:
     """Benchmark the generated ops of ``specs`` on the current CUDA device, in this process.
 
     Args:
@@ -908,6 +908,8 @@ def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | No
         method: ``"spin"`` (default; env ``DSAGEN_BENCH_METHOD``) or ``"graph"``.
         runs: timed runs per kernel (default 100, quick 50; never fewer than 50).
         seed: input seed.
+        tuning: kernel tuning overrides for every spec (:func:`dsagen.codegen.default_tuning`;
+            None: the defaults), recorded in the meta row.
     Returns:
         JSON-serialisable rows: first ``op="meta"`` (card, versions, date, ``copy_GBps``...),
         then one per (spec, shape) with ``us`` (median, microseconds), ``bytes``, ``GBps``,
@@ -941,7 +943,7 @@ def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | No
     meta_row = {"op": "meta", **meta, **cp, "method": method, "runs": runs,
                 "sleep_cycles_per_us": round(timer.cycles_per_us, 1),
                 "l2_target_mb": L2_TARGET_BYTES / 1e6, "quick": bool(quick),
-                "specs": [s.name for s in specs]}
+                "specs": [s.name for s in specs], "tuning": tuning or {}}
     rows: list[dict] = [meta_row]
     dg = _deep_gemm()
     bench = Bench("cuda", timer, cp["copy_GBps"], runs=runs, seed=seed, deepgemm=dg, log=log)
@@ -950,7 +952,7 @@ def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | No
         t0 = time.time()
         log(f"[{spec.name}] loading ops ({spec.summary().split(': ', 1)[1]}) ...")
         try:
-            ops = load(spec, with_cuda=True)
+            ops = load(spec, with_cuda=True, tuning=tuning)
         except Exception as e:
             err = _short(e)
             log(f"[{spec.name}] cannot load the CUDA ops: {err}")

@@ -165,11 +165,22 @@ def verify(specs, device):
 @click.argument("specs", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "json_out", type=click.Path(), default=None, help="Write one object per row.")
 @click.option("--quick", is_flag=True, help="A short shape list (smoke test).")
-def bench(specs, json_out, quick):
+@click.option("--tuning", default=None, metavar="JSON",
+              help="Kernel tuning overrides for every spec, e.g. '{\"mma_ahead\": false}' "
+                   "(see dsagen.codegen.default_tuning).")
+def bench(specs, json_out, quick, tuning):
     """Time the generated kernels against copy bandwidth, the PyTorch fallback and DeepGEMM."""
     from . import bench as B
+    tune = None
+    if tuning:
+        try:
+            tune = json.loads(tuning)
+        except ValueError as e:
+            raise UsageFailure(f"--tuning: not JSON ({e})") from None
+        if not isinstance(tune, dict):
+            raise UsageFailure("--tuning: must be a JSON object")
     try:
-        rows = B.run(_specs(specs), quick=quick)
+        rows = B.run(_specs(specs), quick=quick, tuning=tune)
     except RuntimeError as e:
         if "CUDA" not in str(e):
             raise

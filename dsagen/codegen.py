@@ -119,14 +119,22 @@ def effective_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[s
     """:func:`default_tuning` of ``spec`` updated with ``tuning``. The defaults' ``maxnreg`` and
     explicit ``wregs`` bound belong to their ``math_wgs`` and register count: a tuning that
     changes ``math_wgs`` without setting ``maxnreg`` gets ``maxnreg`` 0, and one that changes
-    either without setting ``wregs`` gets the register-accounted ``wregs`` (True)."""
+    either without setting ``wregs`` gets the register-accounted ``wregs`` (True); one that
+    changes the tile shape or registers (``kernel``, ``promote``, ``chains``, ``fuse``,
+    ``loop``, ``math_wgs``, ``maxnreg``, ``wregs``) without setting ``mma_ahead`` gets it off."""
     base, given = default_tuning(spec), tuning or {}
     tune = {**base, **given}
     if tune["math_wgs"] != base["math_wgs"] and "maxnreg" not in given:
         tune["maxnreg"] = 0
     if (tune["math_wgs"], tune["maxnreg"]) != (base["math_wgs"], base["maxnreg"]) and "wregs" not in given:
         tune["wregs"] = True
+    # the default mma_ahead belongs to the default tile shape and registers
+    if "mma_ahead" not in given and any(k in given for k in _AHEAD_DEPENDS):
+        tune["mma_ahead"] = False
     return tune
+
+
+_AHEAD_DEPENDS = ("kernel", "promote", "chains", "fuse", "loop", "math_wgs", "maxnreg", "wregs")
 
 
 def ws_stages(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> int:
@@ -200,6 +208,14 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     164.3 vs 172.8 us, next_n 1 0.3-0.6 % faster) or ``unit`` (one loop over the schedule's units, re-deriving them per tile:
     fewer registers; the default of the 4-warpgroup 16-bit configuration, where ``request``
     spilled at next_n 2 and bf16 B=128 ctx 32768 next_n 2 took 363.5 us instead of 282).
+    ``mma_ahead``: with ``loop`` request, each math warpgroup issues its next tile's WGMMA chain
+    before the epilogue of the current one, so that the tensor core and the CUDA cores of one
+    warpgroup work at once (two accumulator sets per thread: N registers at N = next_n *
+    num_heads); needs one chain per tile (no promotion; ``chains`` 0, or next_n 1), and the
+    registers of ``maxnreg`` (see :func:`_fuse_max_n`); True, or an integer bound on N (64: next_n 1
+    only at 64 heads). A tile's chain goes ahead only when its keys have already arrived (else the
+    epilogue runs first). Default: ``num_heads`` (next_n 1) for 8-bit keys with up to 64 heads,
+    else off.
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
@@ -211,12 +227,16 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     # leaves no room for 2 key stages per warpgroup); fp8 keys keep 3 (4 measured 3-4 % slower at
     # next_n 2, B=128).
     wide = spec.key.bits == 16 and spec.num_heads <= 64 and max(spec.next_n) * spec.num_heads <= 128
+    # 8-bit keys with up to 64 heads: the next tile's chain goes ahead of the epilogue at next_n 1
+    # (N = num_heads: two accumulator sets fit the 3 math warpgroups' 128 registers)
+    ahead = spec.num_heads if spec.key.bits == 8 and spec.num_heads <= 64 else False
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": 0,
             "kernel": "ws" if uses_ws(spec) else "wgmma",
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 heads
             "math_wgs": 4 if wide else 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
             "math": True, "fuse": 128, "maxnreg": 112 if wide else 0, "chains": 0,
-            "wregs": 128 if wide else True, "loop": "unit" if wide else "request", "store_passes": 1,
+            "wregs": 128 if wide else True, "loop": "unit" if wide else "request", "mma_ahead": ahead,
+            "store_passes": 1,
             "store_lanes": 4 if _store_vec(spec) >= 8 else 16}
 
 
@@ -237,6 +257,35 @@ def _check_counts(tune: dict[str, Any]) -> None:
     if isinstance(v, bool) or v not in (2, 4, 8, 16, 32):
         raise ValueError(f"tuning store_lanes={v!r}: must be 2, 4, 8, 16 or 32")
     _loop(tune)
+
+
+def _mma_ahead_max_n(spec: Spec, tune: dict[str, Any]) -> int:
+    """Largest N = next_n * num_heads at which tuning ``mma_ahead`` applies (True: every next_n
+    of the spec; an integer above 1: that bound on N; False/0: off). ValueError where it applies
+    to a next_n whose tile is not one WGMMA chain (promotion, ``chains`` 1 or 2 at next_n > 1,
+    N above what ``fuse`` keeps in flight) or ``loop`` is not ``request``."""
+    v = tune.get("mma_ahead")
+    if not v:
+        return 0
+    bound = 256 if v is True else int(v)
+    if _loop(tune) != "request":
+        raise ValueError("tuning mma_ahead needs loop='request'")
+    for nn in spec.next_n:
+        if nn * spec.num_heads <= bound and not _one_chain(spec, tune, nn):
+            raise ValueError(f"tuning mma_ahead: a tile at next_n={nn} is not one WGMMA chain "
+                             f"(promote={tune['promote']!r}, chains={tune['chains']!r}, fuse up to "
+                             f"N={_fuse_max_n(spec, tune)} with the math warpgroups' {_math_regs(tune)} "
+                             f"registers; two accumulator sets need N registers per thread)")
+    return bound
+
+
+def _one_chain(spec: Spec, tune: dict[str, Any], next_n: int) -> bool:
+    """Whether a tile at ``next_n`` is one WGMMA chain of all next_n * num_heads query rows
+    (no promotion; ``chains`` 0 where ``fuse`` keeps the positions in flight, or next_n 1)."""
+    chains = _chains(spec, tune)
+    return not _promote_steps(spec, tune) and (
+        (next_n == 1 and chains <= 1)
+        or (next_n > 1 and chains == 0 and next_n * spec.num_heads <= _fuse_max_n(spec, tune)))
 
 
 def _loop(tune: dict[str, Any]) -> str:
@@ -290,7 +339,10 @@ def _fuse_max_n(spec: Spec, tune: dict[str, Any]) -> int:
     or cannot allocate the instruction at all (N=256 at 3 math warpgroups)."""
     regs = _math_regs(tune)
     promote = bool(_promote_steps(spec, tune))
-    per_n = 1.0 if promote else 0.5                  # accumulator registers per unit of N
+    # accumulator registers per unit of N: a promotion buffer or (mma_ahead) a second tile's set
+    ahead = tune.get("mma_ahead")
+    ahead_fused = ahead is True or (bool(ahead) and int(ahead) > spec.num_heads)
+    per_n = 1.0 if promote or ahead_fused else 0.5
     rest = 40 if promote else 32                     # what the rest of the math code keeps
     return min(256, int(tune["fuse"]), int((regs - rest) / per_n) // 8 * 8)
 
@@ -313,7 +365,10 @@ def _wregs_max_n(spec: Spec, tune: dict[str, Any]) -> int:
         n = nn * h
         if n > 128:
             break
-        if nn > 1 and n <= fuse_max:
+        ahead = tune.get("mma_ahead")
+        if ahead is True or (bool(ahead) and n <= int(ahead)):
+            acc = n                               # two tiles' chains (no promotion)
+        elif nn > 1 and n <= fuse_max:
             acc = n if promote else n // 2        # one chain (with its promotion buffer)
         else:
             acc = 3 * h // 2 if promote else h // 2   # one position at a time (two buffers)
@@ -400,6 +455,7 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "ws_stages": {nn: ws_stages(spec, nn, tune) for nn in spec.next_n},
         "math_wgs": int(tune["math_wgs"]),
         "request_loop": _loop(tune) == "request",
+        "mma_ahead_max_n": _mma_ahead_max_n(spec, tune),
         "ws_math": bool(tune["math"]),
         "ws_smem": {nn: ws_smem_bytes(spec, nn, int(tune["math_wgs"]), ws_stages(spec, nn, tune))
                     for nn in spec.next_n},

@@ -89,3 +89,9 @@ def test_verify_cuda_without_device(monkeypatch):
     monkeypatch.chdir(REPO)
     r = _run("verify", "--device", "cuda", "specs/bf16_page64.yaml")
     assert r.exit_code == 2 and "no CUDA device" in r.output
+
+
+@pytest.mark.parametrize("tuning, msg", [("{mma_ahead", "not JSON"), ("[1]", "must be a JSON object")])
+def test_bench_tuning_must_be_a_json_object(tuning, msg):
+    r = CliRunner().invoke(main, ["bench", FP8, "--tuning", tuning])
+    assert r.exit_code != 0 and msg in r.output

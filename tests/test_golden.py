@@ -7,7 +7,8 @@ import os
 import pytest
 
 import dsagen
-from dsagen.codegen import CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, default_tuning, render, write_generated
+from dsagen.codegen import (CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, default_tuning, effective_tuning, render,
+                            write_generated)
 
 from conftest import REPO, SPECS
 
@@ -143,3 +144,34 @@ def test_math_loop_default(name, loop):
         assert ("Tuning loop=unit" in src) == (chosen == "unit")
     # a 16-bit spec with next_n * num_heads above 128 runs 3 math warpgroups: the request loop
     assert default_tuning(spec.with_(next_n=[3]))["loop"] == "request"
+
+
+@pytest.mark.parametrize("name, ahead", [("fp8_e4m3_page64", 64), ("fp8_e4m3_ue8m0_page64", 64),
+                                         ("bf16_page64", False), ("fp16_page64", False)])
+def test_mma_ahead_default_and_refusals(name, ahead):
+    # 8-bit keys with <= 64 heads: next_n 1's next tile goes to the tensor core before the epilogue
+    spec = dsagen.load_spec(SPECS[name])
+    assert default_tuning(spec)["mma_ahead"] == ahead
+    src = render(spec)["paged_logits.cu"]
+    assert f"constexpr bool kAheadFor = NEXT_N * kNumHeads <= {int(ahead)};" in src
+    assert ("if constexpr (kAheadFor<NEXT_N>)" in src) == bool(ahead)
+    # a tuning of the tile shape or the registers without mma_ahead turns the default off
+    for k, v in (("promote", 1), ("chains", 1), ("math_wgs", 2), ("loop", "unit"), ("maxnreg", 0)):
+        assert effective_tuning(spec, {k: v})["mma_ahead"] is False
+    assert effective_tuning(spec, {"store_lanes": 8})["mma_ahead"] == ahead
+
+
+def test_mma_ahead_needs_one_chain_and_the_registers():
+    spec = dsagen.load_spec(SPECS["fp8_e4m3_page64"])
+    # next_n 2 (N=128) with two accumulator sets: 128 + 32 registers are more than 3 math warpgroups have
+    with pytest.raises(ValueError, match="mma_ahead: a tile at next_n=2"):
+        render(spec, {"mma_ahead": True})
+    with pytest.raises(ValueError, match="mma_ahead: a tile at next_n=1"):
+        render(spec, {"mma_ahead": 64, "chains": 2})
+    with pytest.raises(ValueError, match="loop='request'"):
+        render(spec, {"mma_ahead": 64, "loop": "unit"})
+    with pytest.raises(ValueError, match="mma_ahead: a tile at next_n=1"):
+        render(spec, {"mma_ahead": 64, "promote": 1})
+    # 2 math warpgroups with 232 registers hold both positions' two sets, weights in registers
+    src = render(spec, {"mma_ahead": True, "math_wgs": 2, "maxnreg": 232})["paged_logits.cu"]
+    assert "kAheadFor = NEXT_N * kNumHeads <= 256;" in src and "kWRegsFor = NEXT_N * kNumHeads <= 128;" in src

@@ -527,10 +527,23 @@ __device__ __forceinline__ void chain_epilogues(float (&acc)[G][R / 2], Epi& epi
   }
 }
 
+// One WGMMA chain of R query rows (B operand descriptor db, `b_rows` rows per 128-byte K chunk)
+// over the key tile of descriptor da into acc, issued as its own commit group (no wait).
+template <int R>
+__device__ __forceinline__ void chain_issue(uint64_t da, uint64_t db, int b_rows, float (&acc)[R / 2]) {
+  using M = MmaN<R>;
+#pragma unroll
+  for (int k = 0; k < kKSteps; ++k) {
+    const int kb = k * kKStep;
+    M::fma(gmma_desc_add(da, (kb / 128) * (kTile * 128) + (kb % 128)),
+           gmma_desc_add(db, (kb / 128) * (b_rows * 128) + (kb % 128)), acc, k > 0);
+  }
+  cute::warpgroup_commit_batch();
+}
+
 template <int G, int R, typename Epi>
 __device__ __forceinline__ void mma_chains(uint32_t a_base, uint32_t b_base, int b_rows, float (&acc)[G][R / 2],
                                            Epi&& epi) {
-  using M = MmaN<R>;
   const uint64_t da = gmma_desc(a_base), db = gmma_desc(b_base);
 #pragma unroll
   for (int g = 0; g < G; ++g)
@@ -538,15 +551,7 @@ __device__ __forceinline__ void mma_chains(uint32_t a_base, uint32_t b_base, int
     for (int r = 0; r < R / 2; ++r) cute::warpgroup_fence_operand(acc[g][r]);
   cute::warpgroup_arrive();
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-#pragma unroll
-    for (int k = 0; k < kKSteps; ++k) {
-      const int kb = k * kKStep;
-      M::fma(gmma_desc_add(da, (kb / 128) * (kTile * 128) + (kb % 128)),
-             gmma_desc_add(db, g * R * 128 + (kb / 128) * (b_rows * 128) + (kb % 128)), acc[g], k > 0);
-    }
-    cute::warpgroup_commit_batch();
-  }
+  for (int g = 0; g < G; ++g) chain_issue<R>(da, gmma_desc_add(db, g * R * 128), b_rows, acc[g]);
   chain_epilogues<G, R, 0>(acc, epi);
 }
 
@@ -571,6 +576,22 @@ __device__ __forceinline__ void rows_logits(const float* a, int row, const float
 constexpr int kChains = 0;
 static_assert(kNumHeads % (8 * (kChains > 0 ? kChains : 1)) == 0, "each chain holds a multiple of 8 heads");
 
+// This thread's first weight: S = 8, sw is the request's weights in shared memory; S = 2, the
+// thread's weights in registers (NEXT_N x kNumHeads / 4: head pairs 8j + 2*quad + {0,1}, loaded
+// by paged_logits_ws).
+template <int S>
+__device__ __forceinline__ const float* head_weights(const float* sw, int wlane) {
+  return S == 8 ? sw + (wlane & 3) * 2 : sw;
+}
+// done(i) of rows_logits: position i's head sums s (keys r0 and r0 + 8) into v[2i], v[2i + 1].
+template <int NEXT_N>
+__device__ __forceinline__ auto position_done(float (&s)[4], float (&v)[2 * NEXT_N]) {
+  return [&s, &v](int i) {
+    v[2 * i] = s[0] + s[1];
+    v[2 * i + 1] = s[2] + s[3];
+  };
+}
+
 // One warpgroup scores one 64-key tile (swizzled, at a_base) against the NEXT_N * kNumHeads
 // query rows of its request (swizzled, at b_base; weights `sw`): WGMMA M=64 keys x N query
 // rows x K=head_dim, then per position relu * w, the sum over heads, the key scales sc0 (row
@@ -585,14 +606,9 @@ __device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, co
                                             const int* bound, float* logits_b, int64_t max_context_len,
                                             int max_len, int j0, bool clean_logits, int wlane, Release&& release) {
   constexpr int N = NEXT_N * kNumHeads;
-  // S = 8: sw is the request's weights in shared memory; S = 2: the thread's weights in registers
-  // (NEXT_N x kNumHeads / 4: head pairs 8j + 2*quad + {0,1}, loaded by paged_logits_ws)
-  const float* wq = S == 8 ? sw + (wlane & 3) * 2 : sw;
+  const float* wq = head_weights<S>(sw, wlane);
   float s[4] = {0.f, 0.f, 0.f, 0.f}, v[2 * NEXT_N];   // (s is zeroed at each position's first head)
-  auto done = [&](int i) {   // position i's head sums: keys r0 and r0 + 8
-    v[2 * i] = s[0] + s[1];
-    v[2 * i + 1] = s[2] + s[3];
-  };
+  auto done = position_done<NEXT_N>(s, v);
   if constexpr (kPromote == 0) {
     // chains of R rows: every fused position's rows (chains 0), or kNumHeads / kChains rows
     constexpr int R = FUSE && kChains == 0 ? N : kNumHeads / (kChains > 0 ? kChains : 1);
@@ -621,6 +637,45 @@ __device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, co
       rows_logits<kNumHeads, S>(acc, i * kNumHeads, wq, s, done);
     }
   }
+  store_logits<NEXT_N>(v, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
+}
+
+// Tuning `mma_ahead` (paged_logits_ws, loop=request): a tile is one WGMMA chain of all N =
+// NEXT_N * kNumHeads query rows (no promotion; `fuse` with chains 0, or next_n 1 with at most one
+// chain), issued by tile_mma_issue without waiting, so that the warpgroup's epilogue of the
+// previous tile (tile_mma_finish) runs while the tensor core computes this one; each thread
+// holds two tiles' accumulators (N registers).
+template <int NEXT_N>
+constexpr bool kOneChain = kPromote == 0 && ((kFuse<NEXT_N> && kChains == 0) || (NEXT_N == 1 && kChains <= 1));
+template <int NEXT_N> constexpr bool kAheadFor = NEXT_N * kNumHeads <= 64;
+
+template <int N>
+__device__ __forceinline__ void tile_mma_issue(uint32_t a_base, uint32_t b_base, float (&acc)[N / 2]) {
+#pragma unroll
+  for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
+  cute::warpgroup_arrive();
+  chain_issue<N>(gmma_desc(a_base), gmma_desc(b_base), N, acc);
+#pragma unroll
+  for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
+}
+
+// The epilogue of a tile issued by tile_mma_issue: waits until its chain is done (PENDING = 1:
+// the next tile's chain, issued after it, may still run), calls release() (its stage is read),
+// then relu * w, the sum over heads, the key scales, the mask and the logits store as in
+// tile_logits.
+template <int NEXT_N, int S, int PENDING, typename Release>
+__device__ __forceinline__ void tile_mma_finish(float (&acc)[NEXT_N * kNumHeads / 2], const float* sw, float sc0,
+                                                float sc1, const int* bound, float* logits_b,
+                                                int64_t max_context_len, int max_len, int j0, bool clean_logits,
+                                                int wlane, Release&& release) {
+  constexpr int N = NEXT_N * kNumHeads;
+  cute::warpgroup_wait<PENDING>();
+#pragma unroll
+  for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
+  release();
+  float s[4] = {0.f, 0.f, 0.f, 0.f}, v[2 * NEXT_N];
+  auto done = position_done<NEXT_N>(s, v);
+  rows_logits<N, S>(acc, 0, head_weights<S>(sw, wlane), s, done);
   store_logits<NEXT_N>(v, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
 }
 
@@ -794,6 +849,13 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { mbar_wait(smem_u32(bar), parity); }
+// Whether the phase of parity `parity` of the barrier has completed (no wait).
+__device__ __forceinline__ bool mbar_ready(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  return done != 0;
+}
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, { %3, %4, %5 }], [%2];\n"
                ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2) : "memory");
@@ -966,6 +1028,50 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       const uint32_t q_addr = smem_u32(sq + (phase & 1) * kQBytes);
       const float* w_src = kWRegsFor<NEXT_N> ? wr : sw + (phase & 1) * N;
       const int tile_end = min(u_end * kMathWGs, (len + kTile - 1) / kTile);
+      if constexpr (kAheadFor<NEXT_N>) {
+      // tuning mma_ahead: this warpgroup's next tile of the request is issued to the tensor core
+      // (accumulators acc[x ^ 1]) before the epilogue of tile x runs, when its keys are there
+      // (else after it: the epilogue does not wait for memory)
+      static_assert(kOneChain<NEXT_N>, "mma_ahead needs one WGMMA chain per tile");
+      constexpr int S = kWRegsFor<NEXT_N> ? 2 : 8;
+      float acc[2][N / 2], sc[2][2];
+      uint32_t st[2];
+      int tl[2];
+      auto issue = [&](auto xc, int tile) {
+        constexpr int x = decltype(xc)::value;
+        st[x] = count % STAGES;
+        mbar_wait(full_w + st[x] * 8, (count / STAGES) & 1);
+        sc[x][0] = kQuantized ? sscale_w[st[x] * kTile + r0] : 1.f;
+        sc[x][1] = kQuantized ? sscale_w[st[x] * kTile + r0 + 8] : 1.f;
+        tl[x] = tile;
+        tile_mma_issue<N>(sk_w + st[x] * kTileBytes, q_addr, acc[x]);
+        ++count;
+      };
+      auto finish = [&](auto xc, auto pending) {
+        constexpr int x = decltype(xc)::value;
+        tile_mma_finish<NEXT_N, S, decltype(pending)::value>(acc[x], w_src, sc[x][0], sc[x][1], bound, logits_b,
+                                                             max_context_len, max_len, tl[x] * kTile, clean_logits,
+                                                             wlane, [&] { mbar_arrive(empty_w + st[x] * 8); });
+      };
+      using C0 = std::integral_constant<int, 0>;
+      using C1 = std::integral_constant<int, 1>;
+      // the keys of this warpgroup's next tile are in shared memory (no wait)
+      auto arrived = [&] { return mbar_ready(full_w + (count % STAGES) * 8, (count / STAGES) & 1); };
+      int tile = u * kMathWGs + w;
+      if (tile < tile_end) {
+        issue(C0{}, tile);
+        for (;;) {
+          tile += kMathWGs;
+          if (tile >= tile_end) { finish(C0{}, C0{}); break; }
+          if (arrived()) { issue(C1{}, tile); finish(C0{}, C1{}); }
+          else { finish(C0{}, C0{}); issue(C1{}, tile); }
+          tile += kMathWGs;
+          if (tile >= tile_end) { finish(C1{}, C0{}); break; }
+          if (arrived()) { issue(C0{}, tile); finish(C1{}, C1{}); }
+          else { finish(C1{}, C0{}); issue(C0{}, tile); }
+        }
+      }
+      } else {
       for (int tile = u * kMathWGs + w; tile < tile_end; tile += kMathWGs) {
         const uint32_t stage = count % STAGES;
         mbar_wait(full_w + stage * 8, (count / STAGES) & 1);
@@ -977,6 +1083,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
                             sc0, sc1, bound, logits_b, max_context_len,
                             max_len, tile * kTile, clean_logits, wlane, [&] { mbar_arrive(empty_w + stage * 8); });
         ++count;
+      }
       }
       g += u_end - u;
       if (g >= hi) break;
