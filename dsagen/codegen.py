@@ -184,10 +184,12 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     per next_n position (1 or 2, each its own commit group so an epilogue overlaps the next
     chain) or 0 = one chain over every fused position (N = next_n * num_heads), the fastest on
     the H200 (fp8 next_n 2, B=128 ctx 32768: 199 us vs 218 us with 1 chain, 255 us with 2).
-    ``math_wgs``: 1 to 4 (default 3 with up to 64 heads, else 2; 4 for 16-bit keys with up to
-    64 heads where next_n * num_heads <= 128, with ``maxnreg`` 112 and ``wregs`` 128; with 4,
+    ``math_wgs``: 1 to 4 (default 3 with up to 64 heads, else 2; 2 for 16-bit keys with up to
+    64 heads where next_n * num_heads <= 128, with ``maxnreg`` 232 and ``mma_ahead``: on the H200
+    bf16 next_n 2 1.2-4.4 % faster at B=32 ctx 8192 / 32768 and B=128 ctx 8192 than the 4
+    warpgroups of 112 registers that were the default before, next_n 1 within 0.7 %; with 4,
     warpgroup 0 is all producer warps, which write the -inf tail after their tiles; for fp8 keys
-    4 measured 3-4 % slower than 3 on the H200 at next_n 2).
+    4 measured 3-4 % slower than 3 on the H200 at next_n 2, and 2 slower at next_n 2 with B=128).
     ``wregs``: the math warpgroups hold their head weights in registers (read once per request,
     where ``next_n * num_heads <= 128`` and the registers hold them, :func:`_wregs_max_n`) instead of reading them from shared memory every tile
     (fp8 next_n 2: 199.8 -> 186.1 us); an integer above 1 is that bound on N itself, without the
@@ -205,37 +207,38 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     ``loop``: how the math warpgroups of ``ws`` walk their tiles: ``request`` (per request, a
     plain loop over its tiles with the request's values set once: 239 instead of about 280
     instructions per tile and warp at fp8 next_n 2; H200, same process, B=128 ctx 32768 next_n 2:
-    164.3 vs 172.8 us, next_n 1 0.3-0.6 % faster) or ``unit`` (one loop over the schedule's units, re-deriving them per tile:
-    fewer registers; the default of the 4-warpgroup 16-bit configuration, where ``request``
-    spilled at next_n 2 and bf16 B=128 ctx 32768 next_n 2 took 363.5 us instead of 282).
+    164.3 vs 172.8 us, next_n 1 0.3-0.6 % faster; the default) or ``unit`` (one loop over the
+    schedule's units, re-deriving them per tile: fewer registers; in the 4-warpgroup 16-bit
+    configuration of 112 registers ``request`` spilled at next_n 2 and bf16 B=128 ctx 32768
+    next_n 2 took 363.5 us instead of 282).
     ``mma_ahead``: with ``loop`` request, each math warpgroup issues its next tile's WGMMA chain
     before the epilogue of the current one, so that the tensor core and the CUDA cores of one
     warpgroup work at once (two accumulator sets per thread: N registers at N = next_n *
     num_heads); needs one chain per tile (no promotion; ``chains`` 0, or next_n 1), and the
     registers of ``maxnreg`` (see :func:`_fuse_max_n`); True, or an integer bound on N (64: next_n 1
     only at 64 heads). A tile's chain goes ahead only when its keys have already arrived (else the
-    epilogue runs first). Default: ``num_heads`` (next_n 1) for 8-bit keys with up to 64 heads,
-    else off.
+    epilogue runs first). Default: ``num_heads`` (next_n 1) for 8-bit keys with up to 64 heads
+    (H200, interleaved: next_n 1 0.4-1.5 % faster), True for the 2-warpgroup 16-bit configuration
+    above, else off.
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
-    # 16-bit keys with up to 64 heads where every next_n * num_heads <= 128 (the shapes whose
-    # 64 accumulators and 32 weights per thread compiled without spills): 4 math warpgroups given 112 registers
-    # each by setmaxnreg, weights in registers up to N=128 (H200, B=128 ctx 32768 next_n 2: 279.2
-    # vs 282.0 us at 3 warpgroups, B=32 ctx 8192 next_n 2: 26.2 vs 27.1-32.2 us; ptxas: no spills
-    # in the 16-bit shipped specs and variants). Larger next_n * num_heads keep 3 (at 4 their q
-    # leaves no room for 2 key stages per warpgroup); fp8 keys keep 3 (4 measured 3-4 % slower at
-    # next_n 2, B=128).
+    # 16-bit keys with up to 64 heads where every next_n * num_heads <= 128: 2 math warpgroups
+    # given 232 registers each by setmaxnreg, each with two tiles' accumulators (mma_ahead) and its
+    # weights in registers (H200, interleaved against the 4-warpgroup configuration of 112
+    # registers that was the default before: see benchmarks/RESULTS.md, tenth session). Larger
+    # next_n * num_heads keep 3 (their q leaves no room for more); fp8 keys keep 3 (2 measured
+    # slower at next_n 2 with B=128, and 4 3-4 % slower).
     wide = spec.key.bits == 16 and spec.num_heads <= 64 and max(spec.next_n) * spec.num_heads <= 128
     # 8-bit keys with up to 64 heads: the next tile's chain goes ahead of the epilogue at next_n 1
     # (N = num_heads: two accumulator sets fit the 3 math warpgroups' 128 registers)
-    ahead = spec.num_heads if spec.key.bits == 8 and spec.num_heads <= 64 else False
+    ahead = True if wide else spec.num_heads if spec.key.bits == 8 and spec.num_heads <= 64 else False
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": 0,
             "kernel": "ws" if uses_ws(spec) else "wgmma",
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 heads
-            "math_wgs": 4 if wide else 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
-            "math": True, "fuse": 128, "maxnreg": 112 if wide else 0, "chains": 0,
-            "wregs": 128 if wide else True, "loop": "unit" if wide else "request", "mma_ahead": ahead,
+            "math_wgs": 2 if wide else 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
+            "math": True, "fuse": 128, "maxnreg": 232 if wide else 0, "chains": 0,
+            "wregs": True, "loop": "request", "mma_ahead": ahead,
             "store_passes": 1,
             "store_lanes": 4 if _store_vec(spec) >= 8 else 16}
 

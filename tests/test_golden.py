@@ -100,13 +100,19 @@ def test_tunings_the_registers_cannot_hold_are_capped_or_refused():
     assert "setmaxnreg.dec.sync.aligned.u32 32;" in src and "setmaxnreg.inc.sync.aligned.u32 112;" in src
     with pytest.raises(ValueError, match="maxnreg"):
         render(spec, {"math_wgs": 4, "maxnreg": 120})     # 4 x 24 > 96 - 24
-    src = render(bf16)["paged_logits.cu"]                 # 16-bit keys: 4 math warpgroups, 112 registers
-    assert "constexpr int kMathWGs = 4;" in src and "setmaxnreg.inc.sync.aligned.u32 112;" in src
-    assert "kWRegsFor = NEXT_N * kNumHeads <= 128;" in src
-    src = render(bf16, {"math_wgs": 3})["paged_logits.cu"]   # the 4-warpgroup register split goes with it
+    src = render(bf16)["paged_logits.cu"]                 # 16-bit keys: 2 math warpgroups, 232 registers
+    assert "constexpr int kMathWGs = 2;" in src and "setmaxnreg.inc.sync.aligned.u32 232;" in src
+    assert "setmaxnreg.dec.sync.aligned.u32 40;" in src   # 3 x 168 = 40 + 2 x 232
+    assert "kWRegsFor = NEXT_N * kNumHeads <= 128;" in src and "kAheadFor = NEXT_N * kNumHeads <= 256;" in src
+    src = render(bf16, {"math_wgs": 3})["paged_logits.cu"]   # the 2-warpgroup register split goes with it
     assert "setmaxnreg" not in src and "kWRegsFor = NEXT_N * kNumHeads <= 128;" in src
-    src = render(bf16, {"maxnreg": 0})["paged_logits.cu"]    # 96 registers: weights by the accounting
-    assert "setmaxnreg" not in src and "kWRegsFor = NEXT_N * kNumHeads <= 64;" in src
+    assert "kAheadFor = NEXT_N * kNumHeads <= 0;" in src
+    src = render(bf16, {"maxnreg": 0})["paged_logits.cu"]    # 168 registers, one accumulator set
+    assert "setmaxnreg" not in src and "kWRegsFor = NEXT_N * kNumHeads <= 128;" in src
+    # the previous default: 4 math warpgroups given 112 registers, the per-unit loop
+    src = render(bf16, {"math_wgs": 4, "maxnreg": 112, "wregs": 128, "loop": "unit"})["paged_logits.cu"]
+    assert "constexpr int kMathWGs = 4;" in src and "setmaxnreg.inc.sync.aligned.u32 112;" in src
+    assert "kWRegsFor = NEXT_N * kNumHeads <= 128;" in src and "Tuning loop=unit" in src
     wide = bf16.with_(num_heads=128, next_n=[1])          # 128 heads: 2 math warpgroups, as before
     assert default_tuning(wide)["math_wgs"] == 2 and default_tuning(wide)["maxnreg"] == 0
     for bad in ({"math_wgs": 5}, {"math_wgs": 0}, {"store_passes": 0}, {"store_passes": 2.5}, {"store_lanes": 3},
@@ -131,13 +137,12 @@ def test_store_lanes_default_follows_the_key_vector(name, lanes):
     assert "kThreadsPerToken = 4 < kChunksPerToken" in render(narrow, {"store_lanes": 32})["store.cu"]
 
 
-@pytest.mark.parametrize("name, loop", [("fp8_e4m3_page64", "request"), ("fp8_e4m3_ue8m0_page64", "request"),
-                                        ("bf16_page64", "unit"), ("fp16_page64", "unit")])
-def test_math_loop_default(name, loop):
-    # the per-request math loop wherever it compiles without spills; the 4-warpgroup 16-bit
-    # configuration (112 registers by setmaxnreg) keeps the per-unit loop
+@pytest.mark.parametrize("name", ["fp8_e4m3_page64", "fp8_e4m3_ue8m0_page64", "bf16_page64", "fp16_page64"])
+def test_math_loop_default(name):
+    # the per-request math loop by default; the per-unit loop stays a tuning (it spilled less in
+    # the 4-warpgroup 16-bit configuration of 112 registers)
     spec = dsagen.load_spec(SPECS[name])
-    assert default_tuning(spec)["loop"] == loop
+    assert default_tuning(spec)["loop"] == "request"
     for chosen in ("request", "unit"):
         src = render(spec, {"loop": chosen})["paged_logits.cu"]
         assert ("Tuning loop=request" in src) == (chosen == "request")
@@ -146,14 +151,15 @@ def test_math_loop_default(name, loop):
     assert default_tuning(spec.with_(next_n=[3]))["loop"] == "request"
 
 
-@pytest.mark.parametrize("name, ahead", [("fp8_e4m3_page64", 64), ("fp8_e4m3_ue8m0_page64", 64),
-                                         ("bf16_page64", False), ("fp16_page64", False)])
-def test_mma_ahead_default_and_refusals(name, ahead):
-    # 8-bit keys with <= 64 heads: next_n 1's next tile goes to the tensor core before the epilogue
+@pytest.mark.parametrize("name, ahead, bound", [("fp8_e4m3_page64", 64, 64), ("fp8_e4m3_ue8m0_page64", 64, 64),
+                                                ("bf16_page64", True, 256), ("fp16_page64", True, 256)])
+def test_mma_ahead_default_and_refusals(name, ahead, bound):
+    # 8-bit keys with <= 64 heads: next_n 1's next tile goes to the tensor core before the
+    # epilogue; 16-bit keys (2 math warpgroups of 232 registers): every next_n's
     spec = dsagen.load_spec(SPECS[name])
     assert default_tuning(spec)["mma_ahead"] == ahead
     src = render(spec)["paged_logits.cu"]
-    assert f"constexpr bool kAheadFor = NEXT_N * kNumHeads <= {int(ahead)};" in src
+    assert f"constexpr bool kAheadFor = NEXT_N * kNumHeads <= {bound};" in src
     assert ("if constexpr (kAheadFor<NEXT_N>)" in src) == bool(ahead)
     # a tuning of the tile shape or the registers without mma_ahead turns the default off
     for k, v in (("promote", 1), ("chains", 1), ("math_wgs", 2), ("loop", "unit"), ("maxnreg", 0)):

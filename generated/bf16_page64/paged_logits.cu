@@ -4,7 +4,7 @@
 // Kernels:
 //  * paged_logits_ws (sm_90a, layouts TMA can address): warp-specialized persistent grid, one
 //    CTA per SM: a producer warp brings 64-token key tiles in by TMA (128B-swizzled) for
-//    4 math warpgroups, each with its own stages, which run WGMMA M=64 keys x
+//    2 math warpgroups, each with its own stages, which run WGMMA M=64 keys x
 //    N=heads x K=head_dim per next_n position (CuTe's SM90 GMMA atoms), the relu*w head
 //    reduction, key scale and masking in registers.
 //  * paged_logits_wgmma (sm_90a): persistent grid, one warpgroup per CTA, 64-token key tiles
@@ -645,7 +645,7 @@ __device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, co
 // holds two tiles' accumulators (N registers).
 template <int NEXT_N>
 constexpr bool kOneChain = kPromote == 0 && ((kFuse<NEXT_N> && kChains == 0) || (NEXT_N == 1 && kChains <= 1));
-template <int NEXT_N> constexpr bool kAheadFor = NEXT_N * kNumHeads <= 0;
+template <int NEXT_N> constexpr bool kAheadFor = NEXT_N * kNumHeads <= 256;
 
 template <int N>
 __device__ __forceinline__ void tile_mma_issue(uint32_t a_base, uint32_t b_base, float (&acc)[N / 2]) {
@@ -803,8 +803,8 @@ static_assert(wgmma_smem_bytes<2>() == 100864, "dsagen.codegen.wgmma_smem_bytes 
 
 // Key tiles in flight per math warpgroup of paged_logits_ws at each next_n (0: not used).
 template <int NEXT_N> constexpr int kWsStagesFor = 0;
-template <> constexpr int kWsStagesFor<1> = 2;
-template <> constexpr int kWsStagesFor<2> = 2;
+template <> constexpr int kWsStagesFor<1> = 4;
+template <> constexpr int kWsStagesFor<2> = 4;
 
 // ------------------------------------------------------------------------------------------
 // Warp-specialized sm_90a kernel: one CTA per SM; kMathWGs math warpgroups each own every
@@ -816,7 +816,7 @@ template <> constexpr int kWsStagesFor<2> = 2;
 // The schedule splits the requests' splits over the grid on the device (no host sync, no
 // metadata launch).
 // ------------------------------------------------------------------------------------------
-constexpr int kMathWGs = 4;
+constexpr int kMathWGs = 2;
 // tuning `wregs`: the math warpgroups keep their weights in registers (read once per request)
 // up to N = NEXT_N * kNumHeads = 128 (dsagen.codegen._wregs_max_n; at most 32 registers)
 template <int NEXT_N> constexpr bool kWRegsFor = NEXT_N * kNumHeads <= 128;
@@ -923,7 +923,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
 
   if (warp < 4) {
   // tuning `maxnreg`: warpgroup 0 (producers, tail) hands registers to the math warpgroups
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
   if (warp < kMathWGs) {
     // ---- producer warp w feeds math warpgroup w (the streams issue in parallel); warp 0 also
     // loads q and the weights of each request. Lane 0 issues; the lanes hold 32 block-table
@@ -994,15 +994,13 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
   if (kMathWGs == 4 && clean_logits)
     fill_tail<NEXT_N>(context_lens, ctx_2d, batch, max_len, logits, max_context_len, tid, 128);
   } else if (lo < hi) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 112;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     // ---- math warpgroup w: tile w of every split -----------------------------------------------
-    // Tuning loop=unit: one loop over the CTA's units (Cursor), the request's values re-derived
-    // per tile (fewer registers: for the 4-warpgroup register budget).
+    // Tuning loop=request: the requests in schedule order (as Cursor walks them: those without
+    // keys skipped); in each, a plain loop over this warpgroup's tiles, the request's values (q
+    // slot, bounds, weights, logits rows) set once outside it.
     const int w = warp / 4 - 1, wlane = tid & 127;
     const int r0 = (wlane >> 5) * 16 + (lane >> 2);
-    Cursor<NEXT_N, kSplit> cur{first_b, first_split, 0};
-    cur.len = request_len<NEXT_N>(context_lens, ctx_2d, cur.b, max_len);
-    int phase = -1, prev_b = -1;
     uint32_t count = 0;                                 // tiles done by this warpgroup
     // shared-memory addresses of this warpgroup's stages, scales and barriers, computed once
     const uint32_t sk_w = smem_u32(sk + w * STAGES * kTileBytes), full_w = smem_u32(full + w * STAGES);
@@ -1010,40 +1008,90 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     const float* sscale_w = sscale + w * STAGES * kTile;
     int bound[NEXT_N];
     float wr[kWRegsFor<NEXT_N> ? NEXT_N * kNumHeads / 4 : 1];
-    for (int u = lo; u < hi; ++u) {
-      const int b = cur.b;
-      if (b != prev_b) {
-        if (phase >= 0) mbar_arrive(q_empty + (phase & 1));   // done with the previous request's q
-        ++phase;
-        mbar_wait(q_full + (phase & 1), (phase >> 1) & 1);
+    int b = first_b, u = first_split, g = lo;           // request, its first split here, its global unit
+    for (int phase = 0;; ++phase) {
+      const int len = request_len<NEXT_N>(context_lens, ctx_2d, b, max_len);
+      const int u_end = min((len + kSplit - 1) / kSplit, u + (hi - g));
+      mbar_wait(q_full + (phase & 1), (phase >> 1) & 1);
 #pragma unroll
-        for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
-        if constexpr (kWRegsFor<NEXT_N>) {   // this thread's weights: head pairs 8j + 2*quad + {0,1} of each position
-          const float* src = sw + (phase & 1) * N + (lane & 3) * 2;
+      for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
+      if constexpr (kWRegsFor<NEXT_N>) {   // this thread's weights: head pairs 8j + 2*quad + {0,1} of each position
+        const float* src = sw + (phase & 1) * N + (lane & 3) * 2;
 #pragma unroll
-          for (int i = 0; i < NEXT_N; ++i)
+        for (int i = 0; i < NEXT_N; ++i)
 #pragma unroll
-            for (int j = 0; j < kNumHeads / 8; ++j) {
-              wr[i * (kNumHeads / 4) + 2 * j] = src[i * kNumHeads + 8 * j];
-              wr[i * (kNumHeads / 4) + 2 * j + 1] = src[i * kNumHeads + 8 * j + 1];
-            }
-        }
-        prev_b = b;
+          for (int j = 0; j < kNumHeads / 8; ++j) {
+            wr[i * (kNumHeads / 4) + 2 * j] = src[i * kNumHeads + 8 * j];
+            wr[i * (kNumHeads / 4) + 2 * j + 1] = src[i * kNumHeads + 8 * j + 1];
+          }
       }
-      const int tile = cur.unit * kMathWGs + w;
-      if (tile * kTile < cur.len) {
+      float* logits_b = logits + int64_t(b) * NEXT_N * max_context_len;
+      const uint32_t q_addr = smem_u32(sq + (phase & 1) * kQBytes);
+      const float* w_src = kWRegsFor<NEXT_N> ? wr : sw + (phase & 1) * N;
+      const int tile_end = min(u_end * kMathWGs, (len + kTile - 1) / kTile);
+      if constexpr (kAheadFor<NEXT_N>) {
+      // tuning mma_ahead: this warpgroup's next tile of the request is issued to the tensor core
+      // (accumulators acc[x ^ 1]) before the epilogue of tile x runs, when its keys are there
+      // (else after it: the epilogue does not wait for memory)
+      static_assert(kOneChain<NEXT_N>, "mma_ahead needs one WGMMA chain per tile");
+      constexpr int S = kWRegsFor<NEXT_N> ? 2 : 8;
+      float acc[2][N / 2], sc[2][2];
+      uint32_t st[2];
+      int tl[2];
+      auto issue = [&](auto xc, int tile) {
+        constexpr int x = decltype(xc)::value;
+        st[x] = count % STAGES;
+        mbar_wait(full_w + st[x] * 8, (count / STAGES) & 1);
+        sc[x][0] = kQuantized ? sscale_w[st[x] * kTile + r0] : 1.f;
+        sc[x][1] = kQuantized ? sscale_w[st[x] * kTile + r0 + 8] : 1.f;
+        tl[x] = tile;
+        tile_mma_issue<N>(sk_w + st[x] * kTileBytes, q_addr, acc[x]);
+        ++count;
+      };
+      auto finish = [&](auto xc, auto pending) {
+        constexpr int x = decltype(xc)::value;
+        tile_mma_finish<NEXT_N, S, decltype(pending)::value>(acc[x], w_src, sc[x][0], sc[x][1], bound, logits_b,
+                                                             max_context_len, max_len, tl[x] * kTile, clean_logits,
+                                                             wlane, [&] { mbar_arrive(empty_w + st[x] * 8); });
+      };
+      using C0 = std::integral_constant<int, 0>;
+      using C1 = std::integral_constant<int, 1>;
+      // the keys of this warpgroup's next tile are in shared memory (no wait)
+      auto arrived = [&] { return mbar_ready(full_w + (count % STAGES) * 8, (count / STAGES) & 1); };
+      int tile = u * kMathWGs + w;
+      if (tile < tile_end) {
+        issue(C0{}, tile);
+        for (;;) {
+          tile += kMathWGs;
+          if (tile >= tile_end) { finish(C0{}, C0{}); break; }
+          if (arrived()) { issue(C1{}, tile); finish(C0{}, C1{}); }
+          else { finish(C0{}, C0{}); issue(C1{}, tile); }
+          tile += kMathWGs;
+          if (tile >= tile_end) { finish(C1{}, C0{}); break; }
+          if (arrived()) { issue(C0{}, tile); finish(C1{}, C1{}); }
+          else { finish(C1{}, C0{}); issue(C0{}, tile); }
+        }
+      }
+      } else {
+      for (int tile = u * kMathWGs + w; tile < tile_end; tile += kMathWGs) {
         const uint32_t stage = count % STAGES;
         mbar_wait(full_w + stage * 8, (count / STAGES) & 1);
         const float sc0 = kQuantized ? sscale_w[stage * kTile + r0] : 1.f;
         const float sc1 = kQuantized ? sscale_w[stage * kTile + r0 + 8] : 1.f;
         // the stage is freed (this thread's reads are done) as soon as the tensor core has read it
         tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(sk_w + stage * kTileBytes,
-                                           smem_u32(sq + (phase & 1) * kQBytes), kWRegsFor<NEXT_N> ? wr : sw + (phase & 1) * N,
-                            sc0, sc1, bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len,
+                                           q_addr, w_src,
+                            sc0, sc1, bound, logits_b, max_context_len,
                             max_len, tile * kTile, clean_logits, wlane, [&] { mbar_arrive(empty_w + stage * 8); });
         ++count;
       }
-      cur.advance(context_lens, ctx_2d, batch, max_len);
+      }
+      g += u_end - u;
+      if (g >= hi) break;
+      mbar_arrive(q_empty + (phase & 1));              // done with this request's q
+      do { ++b; } while (b < batch && request_len<NEXT_N>(context_lens, ctx_2d, b, max_len) == 0);
+      if (b >= batch) break;                           // (not reached: units [g, hi) lie in later requests)
+      u = 0;
     }
   }
 #endif
@@ -1055,8 +1103,8 @@ constexpr int ws_smem_bytes() {
   return 1024 + kTiles * kTileBytes + 2 * N * kRowBytes + kTiles * kTile * 4 + 2 * N * 4 + (2 * kTiles + 4) * 8;
 }
 // the host side (dsagen.codegen.ws_smem_bytes / ws_stages) chose the stage counts with the same figures
-static_assert(ws_smem_bytes<1, 2>() == 167584, "dsagen.codegen.ws_smem_bytes disagrees");
-static_assert(ws_smem_bytes<2, 2>() == 200864, "dsagen.codegen.ws_smem_bytes disagrees");
+static_assert(ws_smem_bytes<1, 4>() == 167584, "dsagen.codegen.ws_smem_bytes disagrees");
+static_assert(ws_smem_bytes<2, 4>() == 200864, "dsagen.codegen.ws_smem_bytes disagrees");
 
 // cuTensorMapEncodeTiled from the driver, found through the runtime (no -lcuda at link time).
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
