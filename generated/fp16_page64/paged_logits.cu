@@ -847,11 +847,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { mbar_wait(smem_u32(bar), parity); }
-// Whether the phase of parity `parity` of the barrier has completed (no wait).
-__device__ __forceinline__ bool mbar_ready(uint32_t bar, uint32_t parity) {
+// Whether the phase of parity `parity` of the barrier has completed, as seen by any of the 128
+// threads of the calling warpgroup (each tests without waiting; named barrier `id` ORs the
+// answers), so that every warp takes the same branch: the warpgroup-wide WGMMA instructions
+// that depend on it must be executed by all four warps alike (PTX: .sync.aligned). A phase
+// that one thread saw completed is completed for all.
+__device__ __forceinline__ bool warpgroup_mbar_ready(uint32_t bar, uint32_t parity, int id) {
   uint32_t done;
-  asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  asm volatile("{\n .reg .pred p, q;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+               " bar.red.or.pred q, %3, 128, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+               : "=r"(done) : "r"(bar), "r"(parity), "r"(id) : "memory");
   return done != 0;
 }
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
@@ -1056,8 +1061,9 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       };
       using C0 = std::integral_constant<int, 0>;
       using C1 = std::integral_constant<int, 1>;
-      // the keys of this warpgroup's next tile are in shared memory (no wait)
-      auto arrived = [&] { return mbar_ready(full_w + (count % STAGES) * 8, (count / STAGES) & 1); };
+      // the keys of this warpgroup's next tile are in shared memory (no wait; the same answer in
+      // all four warps: named barrier 1 + w, one per math warpgroup)
+      auto arrived = [&] { return warpgroup_mbar_ready(full_w + (count % STAGES) * 8, (count / STAGES) & 1, 1 + w); };
       int tile = u * kMathWGs + w;
       if (tile < tile_end) {
         issue(C0{}, tile);
