@@ -72,9 +72,14 @@ def _render_digest(spec: Spec, tune: dict[str, Any], ns: str) -> str:
 
 def namespace(spec: Spec, tuning: dict[str, Any] | None = None) -> str:
     """C++ namespace and torch.library namespace of a spec's ops (unique per spec content and
-    per non-default tuning)."""
+    per tuning whose :func:`effective_tuning` differs from the defaults: a tuning that spells
+    out default values shares the defaults' namespace, one whose given values equal the
+    defaults' but whose effective tuning differs does not; values compare as JSON, so 1 is not
+    True)."""
     ns = f"dsagen_{spec.name}_{spec.digest}"
-    extra = {k: v for k, v in (tuning or {}).items() if default_tuning(spec).get(k) != v}
+    base = default_tuning(spec)
+    extra = {k: v for k, v in effective_tuning(spec, tuning).items()
+             if k not in base or json.dumps(v) != json.dumps(base[k])}
     if extra:
         ns += "_t" + hashlib.sha256(json.dumps(extra, sort_keys=True).encode()).hexdigest()[:6]
     return ns
@@ -129,7 +134,7 @@ def effective_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[s
     if (tune["math_wgs"], tune["maxnreg"]) != (base["math_wgs"], base["maxnreg"]) and "wregs" not in given:
         tune["wregs"] = True
     # the default mma_ahead belongs to the default tile shape and registers
-    if "mma_ahead" not in given and any(k in given for k in _AHEAD_DEPENDS):
+    if "mma_ahead" not in given and any(tune[k] != base[k] for k in _AHEAD_DEPENDS):
         tune["mma_ahead"] = False
     return tune
 
@@ -186,8 +191,9 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     the H200 (fp8 next_n 2, B=128 ctx 32768: 199 us vs 218 us with 1 chain, 255 us with 2).
     ``math_wgs``: 1 to 4 (default 3 with up to 64 heads, else 2; 2 for 16-bit keys with up to
     64 heads where next_n * num_heads <= 128, with ``maxnreg`` 232 and ``mma_ahead``: on the H200
-    bf16 next_n 2 1.2-4.4 % faster at B=32 ctx 8192 / 32768 and B=128 ctx 8192 than the 4
-    warpgroups of 112 registers that were the default before, next_n 1 within 0.7 %; with 4,
+    bf16 next_n 2 0.9-4.4 % faster at B=32 ctx 8192 / 32768 and B=128 ctx 8192 than the 4
+    warpgroups of 112 registers that were the default before (interleaved, three leases),
+    next_n 1 from 2.0 % faster to 0.9 % slower; with 4,
     warpgroup 0 is all producer warps, which write the -inf tail after their tiles; for fp8 keys
     4 measured 3-4 % slower than 3 on the H200 at next_n 2, and 2 slower at next_n 2 with B=128).
     ``wregs``: the math warpgroups hold their head weights in registers (read once per request,

@@ -7,8 +7,8 @@ import os
 import pytest
 
 import dsagen
-from dsagen.codegen import (CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, default_tuning, effective_tuning, render,
-                            write_generated)
+from dsagen.codegen import (CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, default_tuning, effective_tuning, namespace,
+                            render, write_generated)
 
 from conftest import REPO, SPECS
 
@@ -161,10 +161,24 @@ def test_mma_ahead_default_and_refusals(name, ahead, bound):
     src = render(spec)["paged_logits.cu"]
     assert f"constexpr bool kAheadFor = NEXT_N * kNumHeads <= {bound};" in src
     assert ("if constexpr (kAheadFor<NEXT_N>)" in src) == bool(ahead)
-    # a tuning of the tile shape or the registers without mma_ahead turns the default off
-    for k, v in (("promote", 1), ("chains", 1), ("math_wgs", 2), ("loop", "unit"), ("maxnreg", 0)):
+    # a tuning that changes the tile shape or the registers without mma_ahead turns the default
+    # off; one that spells out their default values does not, and shares the defaults' namespace
+    base = default_tuning(spec)
+    for k, v in (("promote", 1), ("chains", 1), ("math_wgs", 4), ("loop", "unit"), ("maxnreg", 200)):
         assert effective_tuning(spec, {k: v})["mma_ahead"] is False
+    for k in ("loop", "math_wgs", "maxnreg", "wregs"):
+        assert effective_tuning(spec, {k: base[k]}) == base
+        assert namespace(spec, {k: base[k]}) == namespace(spec)
     assert effective_tuning(spec, {"store_lanes": 8})["mma_ahead"] == ahead
+
+
+def test_namespace_follows_the_effective_tuning():
+    bf16 = dsagen.load_spec(SPECS["bf16_page64"])
+    # 1 is a bound on N (next_n 1 needs 64), not True: other code, another namespace
+    assert "kAheadFor = NEXT_N * kNumHeads <= 1;" in render(bf16, {"mma_ahead": 1})["paged_logits.cu"]
+    assert namespace(bf16, {"mma_ahead": 1}) != namespace(bf16) == namespace(bf16, {"mma_ahead": True})
+    # math_wgs 3 alone also turns the 2-warpgroup registers (maxnreg) and mma_ahead off
+    assert namespace(bf16, {"math_wgs": 3}) == namespace(bf16, {"math_wgs": 3, "maxnreg": 0, "mma_ahead": False})
 
 
 def test_mma_ahead_needs_one_chain_and_the_registers():
