@@ -872,6 +872,19 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
 
+// Waits for the keys of a math warpgroup's tile number `count` (stage count % STAGES of its
+// ring: full barriers from full_w, 8 bytes apart; scales at sscale_w) and reads the scales of
+// keys r0 and r0 + 8 (1 for unquantized keys). Returns the stage.
+template <int STAGES>
+__device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, const float* sscale_w, uint32_t count, int r0,
+                                              float& sc0, float& sc1) {
+  const uint32_t stage = count % STAGES;
+  mbar_wait(full_w + stage * 8, (count / STAGES) & 1);
+  sc0 = kQuantized ? sscale_w[stage * kTile + r0] : 1.f;
+  sc1 = kQuantized ? sscale_w[stage * kTile + r0 + 8] : 1.f;
+  return stage;
+}
+
 // kv_map: the key bytes as a 3-D uint8 tensor (kRowBytes, kPageSize, num_pages) with strides
 // (kKeyTokenStride, kPageStride), box (128, 64, 1), 128B swizzle. q_map: q as a 2-D uint8
 // tensor (kRowBytes, B * NEXT_N * kNumHeads), box (128, kNumHeads), 128B swizzle.
@@ -1045,10 +1058,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       int tl[2];
       auto issue = [&](auto xc, int tile) {
         constexpr int x = decltype(xc)::value;
-        st[x] = count % STAGES;
-        mbar_wait(full_w + st[x] * 8, (count / STAGES) & 1);
-        sc[x][0] = kQuantized ? sscale_w[st[x] * kTile + r0] : 1.f;
-        sc[x][1] = kQuantized ? sscale_w[st[x] * kTile + r0 + 8] : 1.f;
+        st[x] = wait_tile<STAGES>(full_w, sscale_w, count, r0, sc[x][0], sc[x][1]);
         tl[x] = tile;
         tile_mma_issue<N>(sk_w + st[x] * kTileBytes, q_addr, acc[x]);
         ++count;
@@ -1080,10 +1090,8 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       }
       } else {
       for (int tile = u * kMathWGs + w; tile < tile_end; tile += kMathWGs) {
-        const uint32_t stage = count % STAGES;
-        mbar_wait(full_w + stage * 8, (count / STAGES) & 1);
-        const float sc0 = kQuantized ? sscale_w[stage * kTile + r0] : 1.f;
-        const float sc1 = kQuantized ? sscale_w[stage * kTile + r0 + 8] : 1.f;
+        float sc0, sc1;
+        const uint32_t stage = wait_tile<STAGES>(full_w, sscale_w, count, r0, sc0, sc1);
         // the stage is freed (this thread's reads are done) as soon as the tensor core has read it
         tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(sk_w + stage * kTileBytes,
                                            q_addr, w_src,
