@@ -20,7 +20,7 @@ TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 GENERATED_DIR = Path(__file__).resolve().parent.parent / "generated"
 
 CPU_SOURCES = ("bindings.cpp", "cpu_ops.cpp")
-CUDA_SOURCES = ("store.cu", "paged_logits.cu")
+CUDA_SOURCES = ("store.cu", "paged_logits.cu", "paged_logits_small.cu")
 HEADERS = ("layout.h",)
 
 JINJA_CACHE = "jinja-bytecode"   # under the cache root; not a build entry
@@ -126,7 +126,9 @@ def effective_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[s
     changes ``math_wgs`` without setting ``maxnreg`` gets ``maxnreg`` 0, and one that changes
     either without setting ``wregs`` gets the register-accounted ``wregs`` (True); one that
     changes the tile shape or registers (``kernel``, ``promote``, ``chains``, ``fuse``,
-    ``loop``, ``math_wgs``, ``maxnreg``, ``wregs``) without setting ``mma_ahead`` gets it off."""
+    ``loop``, ``math_wgs``, ``maxnreg``, ``wregs``) without setting ``mma_ahead`` gets it off;
+    one that changes a paged-kernel key (``_SMALL_KEYS``) without setting ``small`` gets no
+    small-work kernel (``small`` ``{}``)."""
     base, given = default_tuning(spec), tuning or {}
     tune = {**base, **given}
     if tune["math_wgs"] != base["math_wgs"] and "maxnreg" not in given:
@@ -136,6 +138,10 @@ def effective_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[s
     # the default mma_ahead belongs to the default tile shape and registers
     if "mma_ahead" not in given and any(tune[k] != base[k] for k in _AHEAD_DEPENDS):
         tune["mma_ahead"] = False
+    # the default small-work kernel belongs to the default main kernel: a tuning that changes a
+    # paged-kernel key without setting `small` times that one kernel at every size
+    if "small" not in given and any(json.dumps(tune[k]) != json.dumps(base[k]) for k in _SMALL_KEYS):
+        tune["small"] = {}
     return tune
 
 
@@ -226,6 +232,15 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     epilogue runs first). Default: ``num_heads`` (next_n 1) for 8-bit keys with up to 64 heads
     (H200, interleaved: next_n 1 0.4-1.5 % faster), True for the 2-warpgroup 16-bit configuration
     above, else off.
+    ``small``: tuning overrides of a second ``ws`` kernel for little work, built into the same
+    extension (``paged_logits_small.cu``; ``{}``: none): a call whose upper bound on the work,
+    ``batch * ceil(max_context_len / 64)`` tiles (no host sync: the lengths stay on the device),
+    is at most ``small_tiles`` tiles per SM runs it. Default for 8-bit keys with up to 64 heads:
+    ``{"math_wgs": 2, "maxnreg": 232}`` up to 40 tiles per SM (H200: 3-5 % faster at B=32
+    ctx 8192, B=16 ctx 8192, B=8 ctx 32768; at 62 tiles per SM next_n 2 was 1.8 % slower). The
+    overrides apply on top of the tuning's other keys, with :func:`effective_tuning`'s rules
+    (see :func:`small_tuning`). A serving stack that passes a ``max_context_len`` far above the
+    batch's lengths gets the main kernel.
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
@@ -239,12 +254,19 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     # 8-bit keys with up to 64 heads: the next tile's chain goes ahead of the epilogue at next_n 1
     # (N = num_heads: two accumulator sets fit the 3 math warpgroups' 128 registers)
     ahead = True if wide else spec.num_heads if spec.key.bits == 8 and spec.num_heads <= 64 else False
+    # 8-bit keys with up to 64 heads: little work (at most 40 tiles of 64 tokens per SM) runs on
+    # 2 math warpgroups of 232 registers, whose schedule units of 128 tokens spread it more evenly
+    # (H200, interleaved: B=32 ctx 8192 next_n 1 / 2 16.96 -> 16.13 / 18.08 -> 17.54 us, B=16
+    # and B=8 ctx 32768 likewise; at 62 tiles per SM next_n 2 was 1.8 % slower)
+    small = ({"math_wgs": 2, "maxnreg": 232}
+             if spec.key.bits == 8 and spec.num_heads <= 64 and uses_ws(spec) else {})
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": 0,
             "kernel": "ws" if uses_ws(spec) else "wgmma",
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 heads
             "math_wgs": 2 if wide else 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
             "math": True, "fuse": 128, "maxnreg": 232 if wide else 0, "chains": 0,
             "wregs": True, "loop": "request", "mma_ahead": ahead,
+            "small": small, "small_tiles": 40,
             "store_passes": 1,
             "store_lanes": 4 if _store_vec(spec) >= 8 else 16}
 
@@ -266,6 +288,36 @@ def _check_counts(tune: dict[str, Any]) -> None:
     if isinstance(v, bool) or v not in (2, 4, 8, 16, 32):
         raise ValueError(f"tuning store_lanes={v!r}: must be 2, 4, 8, 16 or 32")
     _loop(tune)
+
+
+_SMALL_KEYS = ("stages", "promote", "kernel", "math_wgs", "ws_stages", "fuse", "maxnreg", "chains",
+               "wregs", "loop", "mma_ahead")   # what tuning `small` may override
+
+
+def small_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Effective tuning of the small-work ``ws`` kernel (tuning ``small``), or None where there is
+    none: ``small`` empty, equal to the main kernel's tuning, or not a ``ws`` kernel of this
+    layout. It is :func:`effective_tuning` of the tuning's own keys (``small`` and
+    ``small_tiles`` left out) updated with the ``small`` overrides, so a tuning ``{"math": False}``
+    reaches both kernels. ValueError where ``small`` is not a dict of paged-kernel keys or
+    ``small_tiles`` not a non-negative integer."""
+    tune = effective_tuning(spec, tuning)
+    small, tiles = tune["small"], tune["small_tiles"]
+    if not isinstance(small, dict) or any(k not in _SMALL_KEYS for k in small):
+        raise ValueError(f"tuning small={small!r}: must be a dict of paged-kernel tuning keys "
+                         f"({', '.join(_SMALL_KEYS)})")
+    if isinstance(tiles, bool) or not isinstance(tiles, int) or tiles < 0:
+        raise ValueError(f"tuning small_tiles={tiles!r}: must be a non-negative integer")
+    if not small or tiles == 0:
+        return None
+    given = {k: v for k, v in (tuning or {}).items() if k not in ("small", "small_tiles")}
+    sub = effective_tuning(spec, {**given, **small, "small": {}})
+    main = {**tune, "small": {}}
+    if json.dumps(sub, sort_keys=True) == json.dumps(main, sort_keys=True):
+        return None
+    if sub["kernel"] != "ws" or not any(ws_stages(spec, nn, sub) for nn in spec.next_n):
+        return None
+    return sub
 
 
 def _mma_ahead_max_n(spec: Spec, tune: dict[str, Any]) -> int:
@@ -432,25 +484,9 @@ def _mma_op(spec: Spec):
     return op
 
 
-def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
-    """Render every source of ``spec``. Returns ``{file name: text}``.
-
-    A render is memoized under the cache root (``rendered/<digest>.json``, the digest covering
-    the spec, the tuning, the templates and this module's sources), so a warm ``dsagen.load``
-    neither imports Jinja nor renders. A read-only or missing cache root just renders.
-    """
-    from . import config
-    tune = effective_tuning(spec, tuning)
-    _check_counts(tune)
-    ns = namespace(spec, tuning)
-    memo = config.cache_root() / RENDER_MEMO / f"{_render_digest(spec, tune, ns)}.json"
-    try:
-        out = json.loads(memo.read_text())
-        if isinstance(out, dict) and set(out) == set(HEADERS + CPU_SOURCES + CUDA_SOURCES):
-            return out
-    except (OSError, ValueError):
-        pass
-    ctx = {
+def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
+    """The template context of ``spec`` under the effective tuning ``tune`` in namespace ``ns``."""
+    return {
         "spec": spec,
         "ns": ns,
         "lay": spec.layout,
@@ -482,9 +518,45 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         "k_step_bytes": 32,
         "mma_op": _mma_op(spec),
     }
+
+
+def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
+    """Render every source of ``spec``. Returns ``{file name: text}``.
+
+    A render is memoized under the cache root (``rendered/<digest>.json``, the digest covering
+    the spec, the tuning, the templates and this module's sources), so a warm ``dsagen.load``
+    neither imports Jinja nor renders. A read-only or missing cache root just renders.
+    """
+    from . import config
+    tune = effective_tuning(spec, tuning)
+    _check_counts(tune)
+    small = small_tuning(spec, tuning)
+    ns = namespace(spec, tuning)
+    memo = config.cache_root() / RENDER_MEMO / f"{_render_digest(spec, tune, ns)}.json"
+    try:
+        out = json.loads(memo.read_text())
+        if isinstance(out, dict) and set(out) == set(HEADERS + CPU_SOURCES + CUDA_SOURCES):
+            return out
+    except (OSError, ValueError):
+        pass
+    ctx = _context(spec, tune, ns)
+    ctx.update(small=small is not None, small_tiles=int(tune["small_tiles"]), small_part=False)
     out = {}
     for name in HEADERS + CPU_SOURCES + CUDA_SOURCES:
+        if name == "paged_logits_small.cu":
+            continue
         out[name] = _environment().get_template(name + ".jinja").render(**ctx)
+    # the small-work kernel (tuning `small`): the same template under its own tuning, in the
+    # nested namespace ns::small, with only its launch entry (an empty unit when there is none)
+    if small is not None:
+        _check_counts(small)
+        sctx = _context(spec, small, ns + "::small")
+        sctx.update(small=False, small_tiles=0, small_part=True)
+        out["paged_logits_small.cu"] = _environment().get_template("paged_logits.cu.jinja").render(**sctx)
+    else:
+        out["paged_logits_small.cu"] = (f"// Generated by dsagen from spec '{spec.name}' -- do not edit.\n"
+                                        "// No small-work paged-logits kernel for this spec and tuning "
+                                        "(tuning `small`).\n")
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=memo.parent, suffix=".tmp")

@@ -314,6 +314,33 @@ def default_cases(device: str, gen: torch.Generator):
     return cases
 
 
+def _small_tiles(spec: Spec, ops, device) -> int:
+    """Tiles per SM up to which ``ops`` run paged logits on the small-work kernel on ``device``
+    (tuning ``small``; 0 where there is none or the device is not CUDA)."""
+    if str(device) == "cpu" or not getattr(ops, "has_cuda", True):
+        return 0
+    from .codegen import effective_tuning, small_tuning
+    tuning = getattr(ops, "tuning", None)
+    return int(effective_tuning(spec, tuning)["small_tiles"]) if small_tuning(spec, tuning) else 0
+
+
+def _past_small_bound(spec: Spec, ops, device, lens) -> int:
+    """A max_context_len (>= every length) whose bound ``B * ceil(max_context_len / 64)`` is above
+    the small-work kernel's tiles per SM on ``device``, so the main kernel runs."""
+    sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+    return max(max(lens), 64 * (_small_tiles(spec, ops, device) * sms // len(lens) + 1) + 1)
+
+
+def _main_kernel_cases(spec: Spec, ops, device, cases):
+    """The cases of :func:`default_cases` to run again on the main kernel where a small-work
+    kernel takes the others: the one of 64 requests and the longest one (none without it)."""
+    if not _small_tiles(spec, ops, device):
+        return []
+    many = [c for c in cases if len(c[0]) == 64]
+    longest = max(cases, key=lambda c: max(max(x) if isinstance(x, list) else x for x in c[0]))
+    return many[:1] + ([longest] if longest not in many else [])
+
+
 def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = False,
            reruns: int = 2) -> Report:
     """Run the verification sweep of ``spec``'s ops on ``device`` ("cpu" or "cuda").
@@ -337,6 +364,15 @@ def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = Fa
                 # 2-D lengths: each row its own length, around the 1-D case
                 ctx = [[max(1, c - d) for d in range(next_n)] for c in ctx]
             row = check_logits(ops, spec, ctx, next_n, gen, device, ctx_2d=two_d, reruns=reruns)
+            row.backend = device
+            rep.rows.append(row)
+        # with a small-work kernel (tuning `small`) the cases above run on it: the main kernel
+        # gets the two larger cases again, max_context_len raised above the small-work bound
+        for ctx, two_d in _main_kernel_cases(spec, ops, device, cases):
+            lens = ctx if not two_d else [max(c) for c in ctx]
+            row = check_logits(ops, spec, ctx, next_n, gen, device, ctx_2d=two_d, reruns=reruns,
+                               max_context_len=_past_small_bound(spec, ops, device, lens))
+            row.shape += " main kernel"
             row.backend = device
             rep.rows.append(row)
         row = check_logits(ops, spec, [130, 65], next_n, gen, device, clean_logits=False,

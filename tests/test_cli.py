@@ -40,7 +40,7 @@ def test_compile_fp8(generated_tmp, nvcc, tmp_path):
     assert "[fp8_e4m3_page64] cpu: PASSED" in out
     assert "FAILED" not in out and "COMPILE FAILED" not in out
     for arch in ("sm_90a", "sm_100a"):
-        for src in ("store.cu", "paged_logits.cu"):
+        for src in ("store.cu", "paged_logits.cu", "paged_logits_small.cu"):
             assert f"{src} {arch}: compiled" in out, out
     assert "compiled but NOT run" in out and "'sm_90a', 'sm_100a'" in out
     assert out.rstrip().endswith("dsagen compile: all verified (CUDA for sm_100a, sm_90a compiled only, not run: "

@@ -8,7 +8,7 @@ import pytest
 
 import dsagen
 from dsagen.codegen import (CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, default_tuning, effective_tuning, namespace,
-                            render, write_generated)
+                            render, small_tuning, write_generated)
 
 from conftest import REPO, SPECS
 
@@ -195,3 +195,35 @@ def test_mma_ahead_needs_one_chain_and_the_registers():
     # 2 math warpgroups with 232 registers hold both positions' two sets, weights in registers
     src = render(spec, {"mma_ahead": True, "math_wgs": 2, "maxnreg": 232})["paged_logits.cu"]
     assert "kAheadFor = NEXT_N * kNumHeads <= 256;" in src and "kWRegsFor = NEXT_N * kNumHeads <= 128;" in src
+
+
+def test_small_work_kernel(shipped):
+    """fp8 keys: a 2-warpgroup paged_logits_ws for little work, in its own source and namespace,
+    launched by the main launch up to small_tiles tiles per SM; none for bf16 or where a tuning
+    changes a paged-kernel key without setting `small`."""
+    fp8, bf16 = shipped["fp8_e4m3_page64"], shipped["bf16_page64"]
+    sub = small_tuning(fp8)
+    assert sub["math_wgs"] == 2 and sub["maxnreg"] == 232 and not sub["mma_ahead"] and sub["small"] == {}
+    src = render(fp8)
+    small, main = src["paged_logits_small.cu"], src["paged_logits.cu"]
+    assert f"namespace {namespace(fp8)}::small {{" in small and "constexpr int kMathWGs = 2;" in small
+    assert "bool launch_ws_small(" in small and "launch_ws<2, 4>(" in small
+    assert "ragged_logits_simt(" not in small and "launch_paged_logits(" not in small
+    assert "constexpr int kMathWGs = 3;" in main and "small::launch_ws_small(NEXT_N," in main
+    assert "<= int64_t(40) * sms" in main
+    assert "int64_t(64) * sms" in render(fp8, {"small_tiles": 64})["paged_logits.cu"]
+    for off in ({"small": {}}, {"small_tiles": 0}, {"math_wgs": 4}, {"math_wgs": 2, "maxnreg": 232}):
+        assert small_tuning(fp8, off) is None, off
+        assert "No small-work" in render(fp8, off)["paged_logits_small.cu"]
+        assert "launch_ws_small" not in render(fp8, off)["paged_logits.cu"]
+    assert namespace(fp8, {"small": {}}) != namespace(fp8)
+    assert small_tuning(bf16) is None and "No small-work" in render(bf16)["paged_logits_small.cu"]
+    # keys of the tuning reach both kernels; `small` overrides them for the small one
+    assert small_tuning(fp8, {"math": False})["math"] is False
+    assert small_tuning(fp8, {"math_wgs": 4, "small": {"math_wgs": 1}})["math_wgs"] == 1
+    assert small_tuning(bf16, {"small": {"math_wgs": 3}})["math_wgs"] == 3
+    for bad, key in (({"small": {"store_lanes": 8}}, "small"), ({"small": 2}, "small"),
+                     ({"small_tiles": -1}, "small_tiles"), ({"small_tiles": 1.5}, "small_tiles"),
+                     ({"small": {"math_wgs": 7}}, "math_wgs")):
+        with pytest.raises(ValueError, match=key):
+            render(fp8, bad)

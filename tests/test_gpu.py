@@ -94,6 +94,33 @@ def test_bitwise_identical_reruns_and_close_to_cpu(dsagen_spec, cuda_ops, gen, r
         assert rel_err(first[v], cpu[v]) < logits_tolerance(spec, "cuda", next_n)[0], repro
 
 
+def test_small_work_and_main_kernels(dsagen_spec, cuda_ops, gen, repro):
+    """Where tuning `small` gives a small-work kernel, the same inputs run on it (max_context_len =
+    the longest length) and on the main kernel (max_context_len past its bound): both within the
+    verification bar of the CPU backend, -inf past each length, every column written."""
+    from dsagen.verify import _past_small_bound, _poisoned_alloc, _small_tiles
+    spec = dsagen_spec
+    if not _small_tiles(spec, cuda_ops, "cuda"):
+        pytest.skip("no small-work kernel for this spec")
+    lens = [1, 63, 65, 4097, 9000] + torch.randint(1, 6000, (27,), generator=gen).tolist()
+    big = _past_small_bound(spec, cuda_ops, "cuda", lens)
+    for next_n in spec.next_n:
+        # the block table covers max_context_len columns (request 0's pages), as DeepGEMM's contract
+        q, cache, w, _, bt = _inputs(spec, [big] + lens[1:], next_n, gen)
+        cl = torch.tensor(lens, dtype=torch.int32).cuda()
+        cpu = cuda_ops.paged_logits(q.cpu(), cache.cpu(), w.cpu(), cl.cpu(), bt.cpu(), max(lens))
+        for max_len in (max(lens), big):
+            _poisoned_alloc((len(lens) * next_n, max_len), "cuda")   # NaN where the op reuses it
+            out = cuda_ops.paged_logits(q, cache, w, cl, bt, max_len).cpu()
+            assert out.shape == (len(lens) * next_n, max_len), repro
+            assert not torch.isnan(out).any(), repro
+            assert torch.isneginf(out[:, max(lens):]).all(), repro
+            got = out[:, :max(lens)]
+            assert torch.equal(torch.isneginf(got), torch.isneginf(cpu)), (max_len, repro)
+            v = torch.isfinite(cpu)
+            assert rel_err(got[v], cpu[v]) < logits_tolerance(spec, "cuda", next_n)[0], (max_len, repro)
+
+
 def test_store_is_deterministic(dsagen_spec, cuda_ops, gen):
     spec = dsagen_spec
     n = 4096

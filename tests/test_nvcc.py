@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsagen.codegen import (default_tuning, render, uses_wgmma, uses_ws, wgmma_kernel_applies, wgmma_smem_bytes,
+from dsagen.codegen import (CUDA_SOURCES, default_tuning, render, uses_wgmma, uses_ws, wgmma_kernel_applies, wgmma_smem_bytes,
                             ws_smem_bytes, ws_stages)
 from dsagen.jit import nvcc_compile_only
 
@@ -18,7 +18,7 @@ ARCHS = ["sm_90a", "sm_100a"]
 def _compile(spec, tmp_path):
     results = nvcc_compile_only(render(spec), ARCHS, workdir=tmp_path)
     assert {(r.arch, r.source) for r in results} == {(a, s) for a in ARCHS
-                                                    for s in ("store.cu", "paged_logits.cu")}
+                                                    for s in CUDA_SOURCES}
     bad = [r for r in results if not r.ok]
     assert not bad, "\n\n".join(f"{r.source} for {r.arch} failed:\n{r.log[-6000:]}" for r in bad)
     for r in results:

@@ -56,7 +56,8 @@ def test_random_valid_spec_builds_and_verifies_on_cpu(d):
     spec = Spec.from_dict(d)
     assert spec.bytes_per_token == spec.key_bytes_per_token + spec.scale_bytes_per_token
     srcs = codegen.render(spec)
-    assert set(srcs) == {"layout.h", "bindings.cpp", "cpu_ops.cpp", "store.cu", "paged_logits.cu"}
+    assert set(srcs) == {"layout.h", "bindings.cpp", "cpu_ops.cpp", "store.cu", "paged_logits.cu",
+                         "paged_logits_small.cu"}
     ops = load(spec, with_cuda=False)
     rep = verify(spec, ops, "cpu", quick=True, seed=1)
     assert rep.passed, f"{d}\n{rep.table()}"

@@ -1184,6 +1184,14 @@ static bool launch_ws(const void* q, const uint8_t* kv_cache, int64_t num_pages,
   return true;
 }
 
+// The small-work kernel's entry (paged_logits_small.cu, namespace small: tuning `small`).
+namespace small {
+bool launch_ws_small(int next_n, const void* q, const uint8_t* kv_cache, int64_t num_pages, const float* weights,
+                     const int* context_lens, bool ctx_2d, const int* block_table, int64_t bt_stride, float* logits,
+                     int64_t max_context_len, int batch, bool clean_logits, int dev, int sms, cudaStream_t stream,
+                     cudaError_t* err);
+}  // namespace small
+
 template <int NEXT_N>
 static cudaError_t launch(const void* q, const uint8_t* kv_cache, int64_t num_pages, const float* weights, const int* context_lens,
                           bool ctx_2d, const int* block_table, int64_t bt_stride, float* logits,
@@ -1195,6 +1203,12 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, int64_t num_pa
   int major = 0, sms = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  // tuning `small`: at most 40 tiles of 64 tokens per SM (an upper bound from batch and
+  // max_context_len: the lengths stay on the device) run on the small-work kernel
+  if (major == 9 && int64_t(batch) * ((max_context_len + kTile - 1) / kTile) <= int64_t(40) * sms &&
+      small::launch_ws_small(NEXT_N, q, kv_cache, num_pages, weights, context_lens, ctx_2d, block_table, bt_stride,
+                             logits, max_context_len, batch, clean_logits, dev, sms, stream, &err))
+    return err;
   if constexpr (kWsStagesFor<NEXT_N> > 0) {
     // TMA needs 16-byte aligned q, weights and kv_cache; otherwise the kernel below runs
     if (major == 9 && launch_ws<NEXT_N, kWsStagesFor<NEXT_N>>(q, kv_cache, num_pages, weights, context_lens, ctx_2d,
