@@ -70,16 +70,26 @@ def _render_digest(spec: Spec, tune: dict[str, Any], ns: str) -> str:
     return h.hexdigest()[:32]
 
 
+def _js(v: Any) -> str:
+    """A value as canonical JSON (dict keys sorted), for comparing tunings."""
+    return json.dumps(v, sort_keys=True)
+
+
 def namespace(spec: Spec, tuning: dict[str, Any] | None = None) -> str:
     """C++ namespace and torch.library namespace of a spec's ops (unique per spec content and
     per tuning whose :func:`effective_tuning` differs from the defaults: a tuning that spells
     out default values shares the defaults' namespace, one whose given values equal the
-    defaults' but whose effective tuning differs does not; values compare as JSON, so 1 is not
-    True)."""
+    defaults' but whose effective tuning differs does not, and neither does one whose
+    small-work kernel (:func:`small_tuning`) differs from the defaults'; values compare as JSON,
+    so 1 is not True)."""
     ns = f"dsagen_{spec.name}_{spec.digest}"
     base = default_tuning(spec)
     extra = {k: v for k, v in effective_tuning(spec, tuning).items()
-             if k not in base or json.dumps(v) != json.dumps(base[k])}
+             if k not in base or _js(v) != _js(base[k])}
+    # the small-work kernel's own effective tuning (it follows the keys the tuning gives)
+    small = small_tuning(spec, tuning)
+    if _js(small) != _js(small_tuning(spec)):
+        extra["small:effective"] = small
     if extra:
         ns += "_t" + hashlib.sha256(json.dumps(extra, sort_keys=True).encode()).hexdigest()[:6]
     return ns
@@ -140,7 +150,7 @@ def effective_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[s
         tune["mma_ahead"] = False
     # the default small-work kernel belongs to the default main kernel: a tuning that changes a
     # paged-kernel key without setting `small` times that one kernel at every size
-    if "small" not in given and any(json.dumps(tune[k]) != json.dumps(base[k]) for k in _SMALL_KEYS):
+    if "small" not in given and any(_js(tune[k]) != _js(base[k]) for k in _SMALL_KEYS):
         tune["small"] = {}
     return tune
 
@@ -236,8 +246,9 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     extension (``paged_logits_small.cu``; ``{}``: none): a call whose upper bound on the work,
     ``batch * ceil(max_context_len / 64)`` tiles (no host sync: the lengths stay on the device),
     is at most ``small_tiles`` tiles per SM runs it. Default for 8-bit keys with up to 64 heads:
-    ``{"math_wgs": 2, "maxnreg": 232}`` up to 40 tiles per SM (H200: 3-5 % faster at B=32
-    ctx 8192, B=16 ctx 8192, B=8 ctx 32768; at 62 tiles per SM next_n 2 was 1.8 % slower). The
+    ``{"math_wgs": 2, "maxnreg": 232}`` up to 40 tiles per SM (H200: 2.5-5.3 % faster at B=4,
+    16 and 32 ctx 8192 and B=8 ctx 32768, 31 tiles per SM or fewer; at 62 tiles per SM next_n 2
+    was 1.8 % slower; between 31 and 62 not measured). The
     overrides apply on top of the tuning's other keys, with :func:`effective_tuning`'s rules
     (see :func:`small_tuning`). A serving stack that passes a ``max_context_len`` far above the
     batch's lengths gets the main kernel.
@@ -296,27 +307,40 @@ _SMALL_KEYS = ("stages", "promote", "kernel", "math_wgs", "ws_stages", "fuse", "
 
 def small_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Effective tuning of the small-work ``ws`` kernel (tuning ``small``), or None where there is
-    none: ``small`` empty, equal to the main kernel's tuning, or not a ``ws`` kernel of this
-    layout. It is :func:`effective_tuning` of the tuning's own keys (``small`` and
-    ``small_tiles`` left out) updated with the ``small`` overrides, so a tuning ``{"math": False}``
-    reaches both kernels. ValueError where ``small`` is not a dict of paged-kernel keys or
-    ``small_tiles`` not a non-negative integer."""
+    none (``small`` empty, ``small_tiles`` 0, or equal to the main kernel's tuning): the
+    :func:`effective_tuning` of the keys the tuning gives (``small`` and ``small_tiles`` left
+    out) with the ``small`` overrides on top, its rules applied to them all (so a given
+    ``{"math": False}`` reaches both kernels, and the default ``mma_ahead`` is off there as for
+    any tuning that changes ``math_wgs``). ValueError, naming ``small``, where ``small`` is not a
+    dict of paged-kernel keys, ``small_tiles`` not an integer in [0, 2^20], or the small tuning
+    is invalid or not a ``ws`` kernel of this layout."""
     tune = effective_tuning(spec, tuning)
     small, tiles = tune["small"], tune["small_tiles"]
     if not isinstance(small, dict) or any(k not in _SMALL_KEYS for k in small):
         raise ValueError(f"tuning small={small!r}: must be a dict of paged-kernel tuning keys "
                          f"({', '.join(_SMALL_KEYS)})")
-    if isinstance(tiles, bool) or not isinstance(tiles, int) or tiles < 0:
-        raise ValueError(f"tuning small_tiles={tiles!r}: must be a non-negative integer")
+    if isinstance(tiles, bool) or not isinstance(tiles, int) or not 0 <= tiles <= 1 << 20:
+        raise ValueError(f"tuning small_tiles={tiles!r}: must be an integer from 0 (off) to 2^20")
     if not small or tiles == 0:
         return None
     given = {k: v for k, v in (tuning or {}).items() if k not in ("small", "small_tiles")}
     sub = effective_tuning(spec, {**given, **small, "small": {}})
-    main = {**tune, "small": {}}
-    if json.dumps(sub, sort_keys=True) == json.dumps(main, sort_keys=True):
+    if _js(sub) == _js({**tune, "small": {}}):
         return None
-    if sub["kernel"] != "ws" or not any(ws_stages(spec, nn, sub) for nn in spec.next_n):
-        return None
+    try:
+        _check_counts(sub)
+        _mma_ahead_max_n(spec, sub)
+        _ws_regs(sub)
+        _chains(spec, sub)
+        ok = sub["kernel"] == "ws" and any(ws_stages(spec, nn, sub) for nn in spec.next_n)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"tuning small={small!r}: {e}") from None
+    if not ok and "small" not in (tuning or {}):
+        return None                       # the default overrides, on a layout they do not fit
+    if not ok:
+        raise ValueError(f"tuning small={small!r}: the small-work kernel must be a paged_logits_ws "
+                         f"kernel (kernel 'ws', ws_stages >= 2 that fit in shared memory) on a "
+                         f"layout it applies to (dsagen.codegen.uses_ws: {uses_ws(spec)})")
     return sub
 
 
@@ -532,7 +556,7 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
     _check_counts(tune)
     small = small_tuning(spec, tuning)
     ns = namespace(spec, tuning)
-    memo = config.cache_root() / RENDER_MEMO / f"{_render_digest(spec, tune, ns)}.json"
+    memo = config.cache_root() / RENDER_MEMO / f"{_render_digest(spec, {**tune, 'small:effective': small}, ns)}.json"
     try:
         out = json.loads(memo.read_text())
         if isinstance(out, dict) and set(out) == set(HEADERS + CPU_SOURCES + CUDA_SOURCES):
@@ -549,8 +573,10 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
     # the small-work kernel (tuning `small`): the same template under its own tuning, in the
     # nested namespace ns::small, with only its launch entry (an empty unit when there is none)
     if small is not None:
-        _check_counts(small)
-        sctx = _context(spec, small, ns + "::small")
+        try:
+            sctx = _context(spec, small, ns + "::small")
+        except ValueError as e:
+            raise ValueError(f"tuning small={tune['small']!r}: {e}") from None
         sctx.update(small=False, small_tiles=0, small_part=True)
         out["paged_logits_small.cu"] = _environment().get_template("paged_logits.cu.jinja").render(**sctx)
     else:

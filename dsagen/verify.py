@@ -47,13 +47,16 @@ def logits_tolerance(spec: Spec, device, next_n: int | None = None,
 
     The fp8 tensor-core paged kernel (e4m3 keys on an sm_90 device where
     :func:`dsagen.codegen.wgmma_kernel_applies` for ``next_n``, default the spec's largest, and
-    the ops' ``tuning``) gets ``FP8_MMA_*``; every other kernel (the CUDA-core kernel, CPU) the
-    exact-fp32 bars ``REL_L2_TOL`` / ``COND_TOL``.
+    the ops' ``tuning``, or for its small-work kernel's tuning) gets ``FP8_MMA_*``; every other
+    kernel (the CUDA-core kernel, CPU) the exact-fp32 bars ``REL_L2_TOL`` / ``COND_TOL``.
     """
-    from .codegen import wgmma_kernel_applies
+    from .codegen import small_tuning, wgmma_kernel_applies
     dev = torch.device(device)
+    nn = next_n or max(spec.next_n)
+    small = small_tuning(spec, tuning)
     if (dev.type == "cuda" and spec.key_dtype == "e4m3"
-            and wgmma_kernel_applies(spec, next_n or max(spec.next_n), tuning)
+            and (wgmma_kernel_applies(spec, nn, tuning)
+                 or (small is not None and wgmma_kernel_applies(spec, nn, small)))
             and torch.cuda.get_device_capability(dev)[0] == 9):
         return FP8_MMA_REL_L2_TOL, FP8_MMA_COND_TOL
     return REL_L2_TOL, COND_TOL
@@ -333,11 +336,13 @@ def _past_small_bound(spec: Spec, ops, device, lens) -> int:
 
 def _main_kernel_cases(spec: Spec, ops, device, cases):
     """The cases of :func:`default_cases` to run again on the main kernel where a small-work
-    kernel takes the others: the one of 64 requests and the longest one (none without it)."""
+    kernel takes the others: the one of 64 requests and the longest one, of the 1-D cases (none
+    without a small-work kernel)."""
     if not _small_tiles(spec, ops, device):
         return []
-    many = [c for c in cases if len(c[0]) == 64]
-    longest = max(cases, key=lambda c: max(max(x) if isinstance(x, list) else x for x in c[0]))
+    flat = [c for c in cases if not c[1]]           # (1-D lengths; the 2-D case is left out)
+    many = [c for c in flat if len(c[0]) == 64]
+    longest = max(flat, key=lambda c: max(c[0]))
     return many[:1] + ([longest] if longest not in many else [])
 
 
@@ -368,10 +373,9 @@ def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = Fa
             rep.rows.append(row)
         # with a small-work kernel (tuning `small`) the cases above run on it: the main kernel
         # gets the two larger cases again, max_context_len raised above the small-work bound
-        for ctx, two_d in _main_kernel_cases(spec, ops, device, cases):
-            lens = ctx if not two_d else [max(c) for c in ctx]
-            row = check_logits(ops, spec, ctx, next_n, gen, device, ctx_2d=two_d, reruns=reruns,
-                               max_context_len=_past_small_bound(spec, ops, device, lens))
+        for ctx, _ in _main_kernel_cases(spec, ops, device, cases):
+            row = check_logits(ops, spec, ctx, next_n, gen, device, reruns=reruns,
+                               max_context_len=_past_small_bound(spec, ops, device, ctx))
             row.shape += " main kernel"
             row.backend = device
             rep.rows.append(row)

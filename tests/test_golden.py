@@ -224,6 +224,33 @@ def test_small_work_kernel(shipped):
     assert small_tuning(bf16, {"small": {"math_wgs": 3}})["math_wgs"] == 3
     for bad, key in (({"small": {"store_lanes": 8}}, "small"), ({"small": 2}, "small"),
                      ({"small_tiles": -1}, "small_tiles"), ({"small_tiles": 1.5}, "small_tiles"),
-                     ({"small": {"math_wgs": 7}}, "math_wgs")):
+                     ({"small_tiles": 10**30}, "small_tiles"), ({"small": {"math_wgs": 7}}, "small=.*math_wgs"),
+                     ({"small": {"kernel": "simt"}}, "small=.*paged_logits_ws"),
+                     ({"small": {"ws_stages": 1}}, "small=.*paged_logits_ws"),
+                     ({"small": {"ws_stages": "x"}}, "small="),
+                     ({"small": {"math_wgs": 3}, "mma_ahead": True}, "small=.*mma_ahead")):
         with pytest.raises(ValueError, match=key):
-            render(fp8, bad)
+            render(bf16 if "mma_ahead" in bad else fp8, bad)
+
+
+def test_small_work_kernel_namespace_and_render_memo(shipped, tmp_path, monkeypatch):
+    """A tuning whose small-work kernel differs gets its own namespace and render, even where
+    the main kernel's effective tuning equals another's (a given default reaches the small
+    kernel's rules); key order does not matter."""
+    monkeypatch.setenv("DSAGEN_CACHE_DIR", str(tmp_path))      # an empty render memo
+    fp8, bf16 = shipped["fp8_e4m3_page64"], shipped["bf16_page64"]
+    given = {"mma_ahead": 64}                                  # the default, spelled out
+    assert effective_tuning(fp8, given) == effective_tuning(fp8)
+    assert small_tuning(fp8, given)["mma_ahead"] == 64 and not small_tuning(fp8)["mma_ahead"]
+    assert namespace(fp8, given) != namespace(fp8)
+    spelled = render(fp8, given)["paged_logits_small.cu"]
+    assert render(fp8)["paged_logits_small.cu"] == (REPO / "generated" / fp8.name / "paged_logits_small.cu").read_text()
+    assert "kAheadFor = NEXT_N * kNumHeads <= 64;" in spelled
+    # a valid render under one namespace does not let an invalid tuning through the memo
+    ok, bad = {"small": {"math_wgs": 3}}, {"small": {"math_wgs": 3}, "mma_ahead": True}
+    render(bf16, ok)
+    with pytest.raises(ValueError, match="mma_ahead"):
+        render(bf16, bad)
+    with pytest.raises(ValueError, match="mma_ahead"):
+        namespace(bf16, bad)
+    assert namespace(fp8, {"small": {"maxnreg": 232, "math_wgs": 2}}) == namespace(fp8)

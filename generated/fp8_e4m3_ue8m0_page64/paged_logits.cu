@@ -11,6 +11,8 @@
 //    brought in by cp.async into 128B-swizzled shared memory 4 stages deep, then the
 //    same WGMMA tile math. In both, the schedule (which tiles a CTA owns) is computed on the
 //    device from context_lens: no host sync, no metadata launch.
+//  * with little work (tuning `small`), paged_logits_ws of its own tuning in
+//    paged_logits_small.cu (namespace small), launched from launch() below.
 //  * paged_logits_simt: portable CUDA-core path (sm_100a and any other device).
 // and ragged_logits_simt: prefill logits over contiguous keys (DeepGEMM fp8_mqa_logits
 // semantics), a portable CUDA-core kernel on every device.
