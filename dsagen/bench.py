@@ -18,7 +18,9 @@ the L2 is not what is measured. When even 64 sets stay under that total (small s
 read runs before each spin to evict the L2 (``l2_scrub`` in the row). CUDA-graph replay is
 available as the alternative (``method="graph"`` or ``DSAGEN_BENCH_METHOD=graph``).
 
-Bytes per row are the minimal traffic (:func:`paged_logits_bytes`, :func:`store_bytes`).
+Bytes per row are the minimal traffic (:func:`paged_logits_bytes`, :func:`store_bytes`). A
+paged-logits row on CUDA also names the kernel that ran (``kernel``:
+:func:`dsagen.codegen.paged_logits_kernel`, e.g. ``"ws (small)"``).
 The pure pieces (shapes, byte formulas, input construction, table formatting, :class:`Bench` with
 a host timer) run on CPU tensors too, which is how ``tests/test_bench.py`` checks them.
 """
@@ -695,6 +697,11 @@ class Bench:
         nbytes = paged_logits_bytes(spec, B, nn, sets[0]["sum_context_lens"], max_len)
         row.update(n_sets=n, sets_mb=round(n * set_bytes / 1e6, 1), max_context_len=max_len,
                    sum_context_lens=sets[0]["sum_context_lens"])
+        if self.device.type == "cuda":   # which kernel the launch picks (dsagen.codegen)
+            from .codegen import paged_logits_kernel
+            props = torch.cuda.get_device_properties(self.device)
+            row["kernel"] = paged_logits_kernel(spec, nn, B, max_len, props.multi_processor_count,
+                                                props.major, getattr(ops, "tuning", None))
         args = [(s["q"], s["kv_cache"], s["weights"], s["context_lens"], s["block_table"])
                 for s in sets]
         # kv_scales only where the spec has them (the op refuses it otherwise)

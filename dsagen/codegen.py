@@ -183,6 +183,22 @@ def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None 
             or wgmma_smem_bytes(spec, next_n, int(tune["stages"])) <= 227 * 1024)
 
 
+def paged_logits_kernel(spec: Spec, next_n: int, batch: int, max_context_len: int, sms: int,
+                        major: int, tuning: dict[str, Any] | None = None) -> str:
+    """Which paged-logits kernel a call runs on a device of compute capability ``major`` with
+    ``sms`` SMs (the launch's choice, given 16-byte aligned q, weights and kv_cache, as every
+    fresh allocation is): ``"ws (small)"`` (the small-work kernel of tuning ``small``), ``"ws"``,
+    ``"wgmma"`` or ``"simt"`` (the CUDA-core kernel: every device but sm_90)."""
+    if major != 9 or not wgmma_kernel_applies(spec, next_n, tuning):
+        return "simt"
+    small = small_tuning(spec, tuning)
+    tiles = int(effective_tuning(spec, tuning)["small_tiles"])
+    if (small is not None and ws_stages(spec, next_n, small) > 0
+            and batch * -(-max_context_len // 64) <= tiles * sms):
+        return "ws (small)"
+    return "ws" if ws_stages(spec, next_n, tuning) > 0 else "wgmma"
+
+
 def default_tuning(spec: Spec) -> dict[str, Any]:
     """Tuning of the sm_90a kernels.
 

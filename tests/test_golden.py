@@ -8,7 +8,7 @@ import pytest
 
 import dsagen
 from dsagen.codegen import (CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, default_tuning, effective_tuning, namespace,
-                            render, small_tuning, write_generated)
+                            paged_logits_kernel, render, small_tuning, write_generated)
 
 from conftest import REPO, SPECS
 
@@ -254,3 +254,17 @@ def test_small_work_kernel_namespace_and_render_memo(shipped, tmp_path, monkeypa
     with pytest.raises(ValueError, match="mma_ahead"):
         namespace(bf16, bad)
     assert namespace(fp8, {"small": {"maxnreg": 232, "math_wgs": 2}}) == namespace(fp8)
+
+
+def test_paged_logits_kernel_choice(shipped):
+    """The kernel a call runs, as the launch picks it (small-work bound: batch * ceil(max/64)
+    <= small_tiles * SMs, on sm_90 only)."""
+    fp8, bf16, page1 = shipped["fp8_e4m3_page64"], shipped["bf16_page64"], shipped["fp8_e4m3_page1"]
+    assert paged_logits_kernel(fp8, 1, 32, 8192, 132, 9) == "ws (small)"      # 4096 <= 40 * 132
+    assert paged_logits_kernel(fp8, 2, 40, 8448, 132, 9) == "ws (small)"      # 5280 tiles: the bound
+    assert paged_logits_kernel(fp8, 2, 40, 8449, 132, 9) == "ws"
+    assert paged_logits_kernel(fp8, 1, 128, 8192, 132, 9) == "ws"
+    assert paged_logits_kernel(fp8, 1, 32, 8192, 132, 9, {"small": {}}) == "ws"
+    assert paged_logits_kernel(fp8, 1, 32, 8192, 148, 10) == "simt"
+    assert paged_logits_kernel(bf16, 1, 32, 8192, 132, 9) == "ws"
+    assert paged_logits_kernel(page1, 1, 32, 8192, 132, 9) == "wgmma"
