@@ -183,6 +183,17 @@ def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None 
             or wgmma_smem_bytes(spec, next_n, int(tune["stages"])) <= 227 * 1024)
 
 
+def small_work_max_len(spec: Spec, next_n: int, batch: int, sms: int,
+                       tuning: dict[str, Any] | None = None) -> int | None:
+    """Largest ``max_context_len`` at which a call of ``batch`` requests on an sm_90 device of
+    ``sms`` SMs runs the small-work kernel (tuning ``small``: ``batch * ceil(max_context_len /
+    64) <= small_tiles * sms``, the launch's test), or None where there is none at ``next_n``."""
+    small = small_tuning(spec, tuning)
+    if small is None or ws_stages(spec, next_n, small) == 0 or batch < 1:
+        return None
+    return 64 * (int(effective_tuning(spec, tuning)["small_tiles"]) * sms // batch)
+
+
 def paged_logits_kernel(spec: Spec, next_n: int, batch: int, max_context_len: int, sms: int,
                         major: int, tuning: dict[str, Any] | None = None) -> str:
     """Which paged-logits kernel a call runs on a device of compute capability ``major`` with
@@ -191,10 +202,8 @@ def paged_logits_kernel(spec: Spec, next_n: int, batch: int, max_context_len: in
     ``"wgmma"`` or ``"simt"`` (the CUDA-core kernel: every device but sm_90)."""
     if major != 9 or not wgmma_kernel_applies(spec, next_n, tuning):
         return "simt"
-    small = small_tuning(spec, tuning)
-    tiles = int(effective_tuning(spec, tuning)["small_tiles"])
-    if (small is not None and ws_stages(spec, next_n, small) > 0
-            and batch * -(-max_context_len // 64) <= tiles * sms):
+    bound = small_work_max_len(spec, next_n, batch, sms, tuning)
+    if bound is not None and max_context_len <= bound:
         return "ws (small)"
     return "ws" if ws_stages(spec, next_n, tuning) > 0 else "wgmma"
 
@@ -343,11 +352,9 @@ def small_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, 
     sub = effective_tuning(spec, {**given, **small, "small": {}})
     if _js(sub) == _js({**tune, "small": {}}):
         return None
-    try:
+    try:                                  # every check its render makes
         _check_counts(sub)
-        _mma_ahead_max_n(spec, sub)
-        _ws_regs(sub)
-        _chains(spec, sub)
+        _context(spec, sub, "")
         ok = sub["kernel"] == "ws" and any(ws_stages(spec, nn, sub) for nn in spec.next_n)
     except (ValueError, TypeError) as e:
         raise ValueError(f"tuning small={small!r}: {e}") from None
@@ -588,11 +595,8 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         out[name] = _environment().get_template(name + ".jinja").render(**ctx)
     # the small-work kernel (tuning `small`): the same template under its own tuning, in the
     # nested namespace ns::small, with only its launch entry (an empty unit when there is none)
-    if small is not None:
-        try:
-            sctx = _context(spec, small, ns + "::small")
-        except ValueError as e:
-            raise ValueError(f"tuning small={tune['small']!r}: {e}") from None
+    if small is not None:                 # (small_tuning made the context's checks)
+        sctx = _context(spec, small, ns + "::small")
         sctx.update(small=False, small_tiles=0, small_part=True)
         out["paged_logits_small.cu"] = _environment().get_template("paged_logits.cu.jinja").render(**sctx)
     else:

@@ -317,33 +317,24 @@ def default_cases(device: str, gen: torch.Generator):
     return cases
 
 
-def _small_tiles(spec: Spec, ops, device) -> int:
-    """Tiles per SM up to which ``ops`` run paged logits on the small-work kernel on ``device``
-    (tuning ``small``; 0 where there is none or the device is not CUDA)."""
+def _main_kernel_cases(spec: Spec, ops, device, cases, next_n: int):
+    """Where a small-work kernel (tuning ``small``) takes the cases of :func:`default_cases` on
+    ``device``: the 64-request and the longest 1-D cases again, each with a ``max_context_len``
+    past its bound (:func:`dsagen.codegen.small_work_max_len`) so the main kernel runs:
+    ``[(context_lens, max_context_len)]``; none on the CPU or without a small-work kernel."""
     if str(device) == "cpu" or not getattr(ops, "has_cuda", True):
-        return 0
-    from .codegen import effective_tuning, small_tuning
-    tuning = getattr(ops, "tuning", None)
-    return int(effective_tuning(spec, tuning)["small_tiles"]) if small_tuning(spec, tuning) else 0
-
-
-def _past_small_bound(spec: Spec, ops, device, lens) -> int:
-    """A max_context_len (>= every length) whose bound ``B * ceil(max_context_len / 64)`` is above
-    the small-work kernel's tiles per SM on ``device``, so the main kernel runs."""
-    sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
-    return max(max(lens), 64 * (_small_tiles(spec, ops, device) * sms // len(lens) + 1) + 1)
-
-
-def _main_kernel_cases(spec: Spec, ops, device, cases):
-    """The cases of :func:`default_cases` to run again on the main kernel where a small-work
-    kernel takes the others: the one of 64 requests and the longest one, of the 1-D cases (none
-    without a small-work kernel)."""
-    if not _small_tiles(spec, ops, device):
         return []
-    flat = [c for c in cases if not c[1]]           # (1-D lengths; the 2-D case is left out)
-    many = [c for c in flat if len(c[0]) == 64]
-    longest = max(flat, key=lambda c: max(c[0]))
-    return many[:1] + ([longest] if longest not in many else [])
+    from .codegen import small_work_max_len
+    sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+    flat = [c for c, two_d in cases if not two_d]
+    picked = [c for c in flat if len(c) == 64][:1]
+    picked += [c for c in [max(flat, key=max)] if c not in picked]
+    out = []
+    for lens in picked:
+        bound = small_work_max_len(spec, next_n, len(lens), sms, getattr(ops, "tuning", None))
+        if bound is not None:
+            out.append((lens, max(max(lens), bound + 1)))
+    return out
 
 
 def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = False,
@@ -373,9 +364,9 @@ def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = Fa
             rep.rows.append(row)
         # with a small-work kernel (tuning `small`) the cases above run on it: the main kernel
         # gets the two larger cases again, max_context_len raised above the small-work bound
-        for ctx, _ in _main_kernel_cases(spec, ops, device, cases):
+        for ctx, max_len in _main_kernel_cases(spec, ops, device, cases, next_n):
             row = check_logits(ops, spec, ctx, next_n, gen, device, reruns=reruns,
-                               max_context_len=_past_small_bound(spec, ops, device, ctx))
+                               max_context_len=max_len)
             row.shape += " main kernel"
             row.backend = device
             rep.rows.append(row)

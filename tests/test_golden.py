@@ -8,7 +8,7 @@ import pytest
 
 import dsagen
 from dsagen.codegen import (CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, default_tuning, effective_tuning, namespace,
-                            paged_logits_kernel, render, small_tuning, write_generated)
+                            paged_logits_kernel, render, small_tuning, small_work_max_len, write_generated)
 
 from conftest import REPO, SPECS
 
@@ -268,3 +268,5 @@ def test_paged_logits_kernel_choice(shipped):
     assert paged_logits_kernel(fp8, 1, 32, 8192, 148, 10) == "simt"
     assert paged_logits_kernel(bf16, 1, 32, 8192, 132, 9) == "ws"
     assert paged_logits_kernel(page1, 1, 32, 8192, 132, 9) == "wgmma"
+    assert small_work_max_len(fp8, 2, 40, 132) == 8448 and small_work_max_len(fp8, 1, 5281, 132) == 0
+    assert small_work_max_len(bf16, 1, 40, 132) is None and small_work_max_len(fp8, 1, 40, 132, {"small": {}}) is None

@@ -98,12 +98,16 @@ def test_small_work_and_main_kernels(dsagen_spec, cuda_ops, gen, repro):
     """Where tuning `small` gives a small-work kernel, the same inputs run on it (max_context_len =
     the longest length) and on the main kernel (max_context_len past its bound): both within the
     verification bar of the CPU backend, -inf past each length, every column written."""
-    from dsagen.verify import _past_small_bound, _poisoned_alloc, _small_tiles
+    from dsagen.codegen import small_work_max_len
+    from dsagen.verify import _poisoned_alloc
     spec = dsagen_spec
-    if not _small_tiles(spec, cuda_ops, "cuda"):
-        pytest.skip("no small-work kernel for this spec")
     lens = [1, 63, 65, 4097, 9000] + torch.randint(1, 6000, (27,), generator=gen).tolist()
-    big = _past_small_bound(spec, cuda_ops, "cuda", lens)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bound = small_work_max_len(spec, spec.next_n[0], len(lens), sms, cuda_ops.tuning)
+    if bound is None:
+        pytest.skip("no small-work kernel for this spec")
+    assert bound >= max(lens)
+    big = bound + 1
     for next_n in spec.next_n:
         # the block table covers max_context_len columns (request 0's pages), as DeepGEMM's contract
         q, cache, w, _, bt = _inputs(spec, [big] + lens[1:], next_n, gen)
