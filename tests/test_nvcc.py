@@ -133,3 +133,19 @@ def test_ws_kernel_selection(shipped):
     assert ws_stages(big, 4) == 0
     # a padded page stride (a multiple of 16) is fine; pages smaller than a 64-token tile are not
     assert uses_ws(fp8.with_(page_stride_bytes=8464)) and not uses_ws(fp8.with_(page_size=32))
+
+
+def test_timeline_probe_builds(nvcc, tmp_path):
+    """benchmarks/timeline.py's probe (the kernels with -DDSAGEN_TIMELINE: the template's
+    DSAGEN_MARK points record timestamps) still builds against the rendered fp8 sources, the
+    main and the small-work kernel."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PATH": f"{Path(nvcc).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "timeline.py"), "--build-only",
+                        str(root / "specs" / "fp8_e4m3_page64.yaml")], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    assert "built" in r.stdout

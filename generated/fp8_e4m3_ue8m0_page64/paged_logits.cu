@@ -38,6 +38,18 @@ using QT = __nv_fp8_e4m3;            // q's element type (e4m3)
 constexpr int kRowBytes = kKeyBytes;        // bytes of one key row (and one q row)
 constexpr int kTile = 64;                   // keys per tile (WGMMA M)
 #define kNegInf __int_as_float(0xff800000)
+// benchmarks/timeline.py only (never defined by the dsagen build): with -DDSAGEN_TIMELINE the
+// warp-specialized kernel records %globaltimer (ns) at 8 points per CTA into dsagen_timeline
+// (DSAGEN_MARK(i, cond): the thread where cond holds writes slot i of its CTA's 16, and slot 8 +
+// i its SM's id, %smid); otherwise the marks compile to nothing.
+#ifdef DSAGEN_TIMELINE
+__device__ unsigned long long dsagen_timeline[1024 * 16];
+#define DSAGEN_MARK(i, cond) do { if (cond) { unsigned long long t_; unsigned s_; \
+  asm volatile("mov.u64 %0, %%globaltimer;\n mov.u32 %1, %%smid;" : "=l"(t_), "=r"(s_)); \
+  dsagen_timeline[blockIdx.x * 16 + (i)] = t_; dsagen_timeline[blockIdx.x * 16 + 8 + (i)] = s_; } } while (0)
+#else
+#define DSAGEN_MARK(i, cond) do { } while (0)
+#endif
 // Per-device, per-instantiation launch configuration (the shared-memory opt-in is per device).
 constexpr int kMaxDevices = 64;
 
@@ -916,6 +928,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int max_len = int(max_context_len);
+  DSAGEN_MARK(0, tid == 0);                                           // (timeline: CTA start)
   if (tid == 0) {
     for (int i = 0; i < kTiles; ++i) {
       mbar_init(full + i, 1);
@@ -942,6 +955,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
   int lo, hi, first_b, first_split;
   schedule<NEXT_N, kSplit, kWsThreads>(context_lens, ctx_2d, batch, max_len, lo, hi, first_b, first_split);
   // (schedule ends with __syncthreads: the barriers are initialized for every thread)
+  DSAGEN_MARK(1, tid == 0);                                           // (timeline: schedule known)
 
   if (warp < 4) {
   if (warp < kMathWGs) {
@@ -998,11 +1012,13 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
                         kv_cache + int64_t(page) * kPageStride + kScaleBase + (tile * kTile % kPageSize) * 4,
                         kScaleTileBytes, full + t);
           }
+          DSAGEN_MARK(2, w == 0 && lane == 0 && stage == 0 && use == 0);   // (timeline: first TMA issued)
           if (++stage == STAGES) { stage = 0; ++use; }
         }
         __syncwarp();
         cur.advance(context_lens, ctx_2d, batch, max_len);
       }
+      DSAGEN_MARK(7, w == 0 && lane == 0);                              // (timeline: last TMA issued)
     }
   } else {
     // ---- the other warps of warpgroup 0: the -inf tail ---------------------------------------
@@ -1060,6 +1076,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       auto issue = [&](auto xc, int tile) {
         constexpr int x = decltype(xc)::value;
         st[x] = wait_tile<STAGES>(full_w, sscale_w, count, r0, sc[x][0], sc[x][1]);
+        DSAGEN_MARK(3, wlane == 0 && w == 0 && count == 0);                // (timeline: first keys here)
         tl[x] = tile;
         tile_mma_issue<N>(sk_w + st[x] * kTileBytes, q_addr, acc[x]);
         ++count;
@@ -1093,12 +1110,14 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       for (int tile = u * kMathWGs + w; tile < tile_end; tile += kMathWGs) {
         float sc0, sc1;
         const uint32_t stage = wait_tile<STAGES>(full_w, sscale_w, count, r0, sc0, sc1);
+        DSAGEN_MARK(3, wlane == 0 && w == 0 && count == 0);                // (timeline: first keys here)
         // the stage is freed (this thread's reads are done) as soon as the tensor core has read it
         tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(sk_w + stage * kTileBytes,
                                            q_addr, w_src,
                             sc0, sc1, bound, logits_b, max_context_len,
                             max_len, tile * kTile, clean_logits, wlane, [&] { mbar_arrive(empty_w + stage * 8); });
         ++count;
+        DSAGEN_MARK(4, wlane == 0 && w == 0 && count == 1);                // (timeline: first tile done)
       }
       }
       g += u_end - u;
@@ -1108,6 +1127,8 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       if (b >= batch) break;                           // (not reached: units [g, hi) lie in later requests)
       u = 0;
     }
+    DSAGEN_MARK(5, wlane == 0 && w == 0);                                // (timeline: warpgroup 0's tiles done)
+    DSAGEN_MARK(6, wlane == 0 && w == kMathWGs - 1);                     // (timeline: the last warpgroup's)
   }
 #endif
 }

@@ -1,0 +1,198 @@
+// Where the time of one paged_logits_ws launch goes (built and run by benchmarks/timeline.py).
+// Includes the rendered paged_logits.cu (and paged_logits_small.cu) of one spec, built with
+// -DDSAGEN_TIMELINE so that every CTA records %globaltimer at the template's DSAGEN_MARK points:
+//   0 CTA start, 1 schedule known, 2 first TMA issued (producer warp 0), 3 first keys arrived
+//   (math warpgroup 0), 4 its first tile done, 5 its last tile done, 6 the last math
+//   warpgroup's last tile done, 7 producer warp 0's last TMA issued; with each mark the SM's id.
+// Usage: timeline B CTX NEXT_N [REPS]. Random fp8-safe bytes, equal lengths CTX, a random
+// block_table per input set, 8 rotated input sets (more than the L2); each timed launch follows a
+// GPU spin so the launch is hidden, as in dsagen bench. Prints the CUDA-event time and, per mark,
+// the min / median / max over CTAs of (mark - earliest CTA start) in us, medians over the runs;
+// then whether an SM's finish time (its CTA's last math warpgroup done, over the run's median)
+// repeats from run to run: the correlation over SMs between even and odd runs, the slowest and
+// fastest SMs.
+#include "paged_logits.cu"
+#ifdef DSAGEN_HAS_SMALL
+#include "paged_logits_small.cu"
+#endif
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+  fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+__global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    p[i] = uint8_t(h) & 0x37;   // finite as e4m3 and as the bytes of an fp32 scale
+  }
+}
+__global__ void fill_floats(float* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    p[i] = 0.5f + float(h & 0xffff) / 65536.f;
+  }
+}
+__global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {}
+}
+
+struct Set { uint8_t* q; uint8_t* kv; float* w; int* lens; int* bt; float* logits; };
+
+int main(int argc, char** argv) {
+  namespace ns = DSAGEN_NS;
+  if (argc < 4) { fprintf(stderr, "usage: timeline B CTX NEXT_N [REPS]\n"); return 2; }
+  const int B = atoi(argv[1]), ctx = atoi(argv[2]), next_n = atoi(argv[3]);
+  const int reps = argc > 4 ? atoi(argv[4]) : 30;
+  const int pages = (ctx + ns::kPageSize - 1) / ns::kPageSize;
+  const int64_t num_pages = int64_t(B) * pages;
+  const size_t q_bytes = size_t(B) * next_n * ns::kNumHeads * ns::kRowBytes;
+  const size_t kv_bytes = size_t(num_pages) * ns::kPageStride;
+  const int kSets = 8;
+  std::mt19937 rng(1234);
+  std::vector<Set> sets(kSets);
+  for (int s = 0; s < kSets; ++s) {
+    Set& x = sets[s];
+    CHECK(cudaMalloc(&x.q, q_bytes));
+    CHECK(cudaMalloc(&x.kv, kv_bytes));
+    CHECK(cudaMalloc(&x.w, sizeof(float) * B * next_n * ns::kNumHeads));
+    CHECK(cudaMalloc(&x.lens, sizeof(int) * B));
+    CHECK(cudaMalloc(&x.bt, sizeof(int) * num_pages));
+    CHECK(cudaMalloc(&x.logits, sizeof(float) * size_t(B) * next_n * ctx));
+    fill_bytes<<<1024, 256>>>(x.q, q_bytes, 17 + s);
+    fill_bytes<<<4096, 256>>>(x.kv, kv_bytes, 91 + s);
+    fill_floats<<<64, 256>>>(x.w, size_t(B) * next_n * ns::kNumHeads, 7 + s);
+    std::vector<int> lens(B, ctx), bt(num_pages);
+    std::iota(bt.begin(), bt.end(), 0);
+    std::shuffle(bt.begin(), bt.end(), rng);
+    CHECK(cudaMemcpy(x.lens, lens.data(), sizeof(int) * B, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(x.bt, bt.data(), sizeof(int) * num_pages, cudaMemcpyHostToDevice));
+  }
+  CHECK(cudaDeviceSynchronize());
+  cudaStream_t st;
+  CHECK(cudaStreamCreate(&st));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  auto launch = [&](const Set& x) {
+    CHECK(ns::launch_paged_logits(next_n, x.q, x.kv, num_pages, x.w, x.lens, false, x.bt, pages, x.logits, ctx, B,
+                                  true, st));
+  };
+  for (int i = 0; i < 3 * kSets; ++i) launch(sets[i % kSets]);
+  CHECK(cudaStreamSynchronize(st));
+
+  constexpr int kMarks = 8, kStride = 16, kMaxCtas = 1024, kMaxSms = 1024;
+  std::vector<unsigned long long> zero(kMaxCtas * kStride, 0ull), tl(kMaxCtas * kStride);
+  std::vector<double> sm_sum[2], sm_n[2];          // per SM: normalized finish, even / odd runs
+  for (int h = 0; h < 2; ++h) { sm_sum[h].assign(kMaxSms, 0.0); sm_n[h].assign(kMaxSms, 0.0); }
+  std::vector<float> times;
+  std::vector<std::vector<double>> mn(kMarks), md(kMarks), mx(kMarks);
+  std::vector<double> res;
+  const char* which = "main";
+  for (int r = 0; r < reps; ++r) {
+    CHECK(cudaMemcpyToSymbol(ns::dsagen_timeline, zero.data(), zero.size() * 8));
+#ifdef DSAGEN_HAS_SMALL
+    CHECK(cudaMemcpyToSymbol(ns::small::dsagen_timeline, zero.data(), zero.size() * 8));
+#endif
+    CHECK(cudaDeviceSynchronize());
+    spin<<<1, 1, 0, st>>>(100000);   // ~50 us: the launch below is queued behind it
+    CHECK(cudaEventRecord(e0, st));
+    launch(sets[r % kSets]);
+    CHECK(cudaEventRecord(e1, st));
+    CHECK(cudaStreamSynchronize(st));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    times.push_back(ms * 1000.f);
+    CHECK(cudaMemcpyFromSymbol(tl.data(), ns::dsagen_timeline, tl.size() * 8));
+#ifdef DSAGEN_HAS_SMALL
+    if (tl[0] == 0) {
+      CHECK(cudaMemcpyFromSymbol(tl.data(), ns::small::dsagen_timeline, tl.size() * 8));
+      which = "small";
+    }
+#endif
+    int ctas = 0;
+    while (ctas < kMaxCtas && tl[ctas * kStride] != 0) ++ctas;
+    if (ctas == 0) { fprintf(stderr, "no timeline recorded (not the ws kernel?)\n"); return 1; }
+    unsigned long long t0 = ~0ull;
+    for (int c = 0; c < ctas; ++c) t0 = std::min(t0, tl[c * kStride]);
+    if (r == 0) {
+      std::vector<unsigned long long> s0;
+      for (int c = 0; c < ctas; ++c) s0.push_back(tl[c * kStride]);
+      std::sort(s0.begin(), s0.end());
+      unsigned long long step = ~0ull;
+      for (int c = 1; c < ctas; ++c) if (s0[c] != s0[c - 1]) step = std::min(step, s0[c] - s0[c - 1]);
+      printf("kernel %s, %d CTAs; smallest step between CTA starts %llu ns (timer resolution bound)\n", which, ctas,
+             step);
+    }
+    for (int m = 0; m < kMarks; ++m) {
+      std::vector<double> v;
+      for (int c = 0; c < ctas; ++c)
+        if (tl[c * kStride + m] != 0) v.push_back(double(tl[c * kStride + m] - t0) / 1000.0);
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      mn[m].push_back(v.front());
+      md[m].push_back(v[v.size() / 2]);
+      mx[m].push_back(v.back());
+    }
+    // each SM's finish (mark 6, else 5) over this run's median finish
+    std::vector<std::pair<int, double>> fin;
+    for (int c = 0; c < ctas; ++c) {
+      const unsigned long long f = tl[c * kStride + 6] ? tl[c * kStride + 6] : tl[c * kStride + 5];
+      const int sm = int(tl[c * kStride + 8]);
+      if (f != 0 && sm < kMaxSms) fin.push_back({sm, double(f - t0)});
+    }
+    if (!fin.empty()) {
+      std::vector<double> f;
+      for (auto& p : fin) f.push_back(p.second);
+      std::sort(f.begin(), f.end());
+      const double mid = f[f.size() / 2];
+      for (auto& p : fin) { sm_sum[r & 1][p.first] += p.second / mid; sm_n[r & 1][p.first] += 1; }
+    }
+  }
+  auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v.empty() ? -1.0 : v[v.size() / 2]; };
+  std::vector<double> tv(times.begin(), times.end());
+  const double bytes = double(B) * ctx * (ns::kPageStride / double(ns::kPageSize)) + double(q_bytes) +
+                       4.0 * B * next_n * ns::kNumHeads + 4.0 * B * next_n * ctx;
+  printf("B=%d ctx=%d next_n=%d: event time median %.2f us (min %.2f) over %d runs, %.1f MB, %.0f GB/s\n", B, ctx,
+         next_n, med(tv), *std::min_element(tv.begin(), tv.end()), reps, bytes / 1e6, bytes / med(tv) / 1e3);
+  const char* names[kMarks] = {"CTA start", "schedule known", "first TMA issued", "first keys arrived",
+                               "first tile done", "WG0 last tile done", "last WG done", "last TMA issued"};
+  printf("%-20s %8s %8s %8s   (us after the earliest CTA start; medians over runs)\n", "mark", "min", "median",
+         "max");
+  for (int m = 0; m < kMarks; ++m)
+    if (!md[m].empty()) printf("%-20s %8.2f %8.2f %8.2f\n", names[m], med(mn[m]), med(md[m]), med(mx[m]));
+  // does an SM's finish repeat? (correlation over SMs seen in both halves)
+  std::vector<std::pair<double, int>> both;
+  std::vector<double> a, b;
+  for (int sm = 0; sm < kMaxSms; ++sm)
+    if (sm_n[0][sm] > 0 && sm_n[1][sm] > 0) {
+      a.push_back(sm_sum[0][sm] / sm_n[0][sm]);
+      b.push_back(sm_sum[1][sm] / sm_n[1][sm]);
+      both.push_back({(sm_sum[0][sm] + sm_sum[1][sm]) / (sm_n[0][sm] + sm_n[1][sm]), sm});
+    }
+  if (a.size() > 2) {
+    const double ma = std::accumulate(a.begin(), a.end(), 0.0) / a.size();
+    const double mb = std::accumulate(b.begin(), b.end(), 0.0) / b.size();
+    double sab = 0, saa = 0, sbb = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      sab += (a[i] - ma) * (b[i] - mb); saa += (a[i] - ma) * (a[i] - ma); sbb += (b[i] - mb) * (b[i] - mb);
+    }
+    std::sort(both.begin(), both.end());
+    printf("per-SM finish / run median: correlation even vs odd runs %.2f over %zu SMs; range %.3f..%.3f\n",
+           sab / std::sqrt(saa * sbb + 1e-30), a.size(), both.front().first, both.back().first);
+    printf("  fastest SMs:");
+    for (size_t i = 0; i < 8 && i < both.size(); ++i) printf(" %d(%.3f)", both[i].second, both[i].first);
+    printf("\n  slowest SMs:");
+    for (size_t i = both.size() > 8 ? both.size() - 8 : 0; i < both.size(); ++i)
+      printf(" %d(%.3f)", both[i].second, both[i].first);
+    printf("\n");
+  }
+  return 0;
+}
