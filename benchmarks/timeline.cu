@@ -4,6 +4,8 @@
 //   0 CTA start, 1 schedule known, 2 first TMA issued (producer warp 0), 3 first keys arrived
 //   (math warpgroup 0), 4 its first tile done, 5 its last tile done, 6 the last math
 //   warpgroup's last tile done, 7 producer warp 0's last TMA issued; with each mark the SM's id.
+//   (Mark 4 is only recorded by the plain tile loop: not with tuning `mma_ahead`, the default of
+//   the 3-warpgroup fp8 kernel at next_n 1 and of the 16-bit keys' kernel.)
 // Usage: timeline B CTX NEXT_N [REPS]. Random fp8-safe bytes, equal lengths CTX, a random
 // block_table per input set, 8 rotated input sets (more than the L2); each timed launch follows a
 // GPU spin so the launch is hidden, as in dsagen bench. Prints the CUDA-event time and, per mark,
@@ -51,6 +53,10 @@ int main(int argc, char** argv) {
   if (argc < 4) { fprintf(stderr, "usage: timeline B CTX NEXT_N [REPS]\n"); return 2; }
   const int B = atoi(argv[1]), ctx = atoi(argv[2]), next_n = atoi(argv[3]);
   const int reps = argc > 4 ? atoi(argv[4]) : 30;
+  if (B < 1 || ctx < 1 || next_n < 1 || reps < 2) {
+    fprintf(stderr, "timeline: B, CTX, NEXT_N must be positive and REPS at least 2\n");
+    return 2;
+  }
   const int pages = (ctx + ns::kPageSize - 1) / ns::kPageSize;
   const int64_t num_pages = int64_t(B) * pages;
   const size_t q_bytes = size_t(B) * next_n * ns::kNumHeads * ns::kRowBytes;
@@ -90,6 +96,7 @@ int main(int argc, char** argv) {
 
   constexpr int kMarks = 8, kStride = 16, kMaxCtas = 1024, kMaxSms = 1024;
   std::vector<unsigned long long> zero(kMaxCtas * kStride, 0ull), tl(kMaxCtas * kStride);
+  static_assert(sizeof(ns::dsagen_timeline) == kMaxCtas * kStride * 8, "the template's timeline array changed");
   std::vector<double> sm_sum[2], sm_n[2];          // per SM: normalized finish, even / odd runs
   for (int h = 0; h < 2; ++h) { sm_sum[h].assign(kMaxSms, 0.0); sm_n[h].assign(kMaxSms, 0.0); }
   std::vector<float> times;
@@ -97,9 +104,9 @@ int main(int argc, char** argv) {
   std::vector<double> res;
   const char* which = "main";
   for (int r = 0; r < reps; ++r) {
-    CHECK(cudaMemcpyToSymbol(ns::dsagen_timeline, zero.data(), zero.size() * 8));
+    CHECK(cudaMemcpyToSymbol(ns::dsagen_timeline, zero.data(), sizeof(ns::dsagen_timeline)));
 #ifdef DSAGEN_HAS_SMALL
-    CHECK(cudaMemcpyToSymbol(ns::small::dsagen_timeline, zero.data(), zero.size() * 8));
+    CHECK(cudaMemcpyToSymbol(ns::small::dsagen_timeline, zero.data(), sizeof(ns::small::dsagen_timeline)));
 #endif
     CHECK(cudaDeviceSynchronize());
     spin<<<1, 1, 0, st>>>(100000);   // ~50 us: the launch below is queued behind it
@@ -110,10 +117,10 @@ int main(int argc, char** argv) {
     float ms = 0;
     CHECK(cudaEventElapsedTime(&ms, e0, e1));
     times.push_back(ms * 1000.f);
-    CHECK(cudaMemcpyFromSymbol(tl.data(), ns::dsagen_timeline, tl.size() * 8));
+    CHECK(cudaMemcpyFromSymbol(tl.data(), ns::dsagen_timeline, sizeof(ns::dsagen_timeline)));
 #ifdef DSAGEN_HAS_SMALL
     if (tl[0] == 0) {
-      CHECK(cudaMemcpyFromSymbol(tl.data(), ns::small::dsagen_timeline, tl.size() * 8));
+      CHECK(cudaMemcpyFromSymbol(tl.data(), ns::small::dsagen_timeline, sizeof(ns::small::dsagen_timeline)));
       which = "small";
     }
 #endif
@@ -128,8 +135,11 @@ int main(int argc, char** argv) {
       std::sort(s0.begin(), s0.end());
       unsigned long long step = ~0ull;
       for (int c = 1; c < ctas; ++c) if (s0[c] != s0[c - 1]) step = std::min(step, s0[c] - s0[c - 1]);
-      printf("kernel %s, %d CTAs; smallest step between CTA starts %llu ns (timer resolution bound)\n", which, ctas,
-             step);
+      if (step == ~0ull)
+        printf("kernel %s, %d CTAs; every CTA started at the same timer value\n", which, ctas);
+      else
+        printf("kernel %s, %d CTAs; smallest step between CTA starts %llu ns (timer resolution bound)\n", which,
+               ctas, step);
     }
     for (int m = 0; m < kMarks; ++m) {
       std::vector<double> v;

@@ -135,17 +135,21 @@ def test_ws_kernel_selection(shipped):
     assert uses_ws(fp8.with_(page_stride_bytes=8464)) and not uses_ws(fp8.with_(page_size=32))
 
 
-def test_timeline_probe_builds(nvcc, tmp_path):
+@pytest.mark.parametrize("name, tuning", [("fp8_e4m3_page64", "{}"), ("bf16_page64", '{"loop": "unit"}')])
+def test_timeline_probe_builds(name, tuning, nvcc, tmp_path):
     """benchmarks/timeline.py's probe (the kernels with -DDSAGEN_TIMELINE: the template's
-    DSAGEN_MARK points record timestamps) still builds against the rendered fp8 sources, the
-    main and the small-work kernel."""
+    DSAGEN_MARK points record timestamps) still builds against the rendered sources: fp8 (the
+    main and the small-work kernel, the request loop) and bf16 with the unit loop (no small
+    kernel)."""
     import os
     import subprocess
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "TMPDIR": str(tmp_path), "PATH": f"{Path(nvcc).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env["PYTHONPATH"] = f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"   # this tree's dsagen
     r = subprocess.run([sys.executable, str(root / "benchmarks" / "timeline.py"), "--build-only",
-                        str(root / "specs" / "fp8_e4m3_page64.yaml")], capture_output=True, text=True, env=env)
+                        str(root / "specs" / f"{name}.yaml"), tuning], capture_output=True, text=True, env=env)
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
-    assert "built" in r.stdout
+    exe = r.stdout.strip().splitlines()[-1].removeprefix("built ")
+    assert Path(exe).is_file() and Path(exe).stat().st_size > 0, r.stdout

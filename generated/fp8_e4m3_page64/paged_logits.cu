@@ -41,10 +41,11 @@ constexpr int kTile = 64;                   // keys per tile (WGMMA M)
 // benchmarks/timeline.py only (never defined by the dsagen build): with -DDSAGEN_TIMELINE the
 // warp-specialized kernel records %globaltimer (ns) at 8 points per CTA into dsagen_timeline
 // (DSAGEN_MARK(i, cond): the thread where cond holds writes slot i of its CTA's 16, and slot 8 +
-// i its SM's id, %smid); otherwise the marks compile to nothing.
+// i its SM's id, %smid; CTAs past the first 1024 record nothing); otherwise the marks compile
+// to nothing.
 #ifdef DSAGEN_TIMELINE
 __device__ unsigned long long dsagen_timeline[1024 * 16];
-#define DSAGEN_MARK(i, cond) do { if (cond) { unsigned long long t_; unsigned s_; \
+#define DSAGEN_MARK(i, cond) do { if (blockIdx.x < 1024 && (cond)) { unsigned long long t_; unsigned s_; \
   asm volatile("mov.u64 %0, %%globaltimer;\n mov.u32 %1, %%smid;" : "=l"(t_), "=r"(s_)); \
   dsagen_timeline[blockIdx.x * 16 + (i)] = t_; dsagen_timeline[blockIdx.x * 16 + 8 + (i)] = s_; } } while (0)
 #else
@@ -1117,7 +1118,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
                             sc0, sc1, bound, logits_b, max_context_len,
                             max_len, tile * kTile, clean_logits, wlane, [&] { mbar_arrive(empty_w + stage * 8); });
         ++count;
-        DSAGEN_MARK(4, wlane == 0 && w == 0 && count == 1);                // (timeline: first tile done)
+        DSAGEN_MARK(4, wlane == 0 && w == 0 && count == 1);                /* (timeline: first tile done) */
       }
       }
       g += u_end - u;
