@@ -3,7 +3,7 @@
 // -DDSAGEN_TIMELINE so that every CTA records %globaltimer at the template's DSAGEN_MARK points:
 //   0 CTA start, 1 schedule known, 2 first TMA issued (producer warp 0), 3 first keys arrived
 //   (math warpgroup 0), 4 its first tile done, 5 its last tile done, 6 the last math
-//   warpgroup's last tile done, 7 producer warp 0's last TMA issued; with each mark the SM's id.
+//   warpgroup's last tile done, 7 producer warp 0's last TMA issued; slot 8: the CTA's SM (%smid).
 //   (Mark 4 is only recorded by the plain tile loop: not with tuning `mma_ahead`, the default of
 //   the 3-warpgroup fp8 kernel at next_n 1 and of the 16-bit keys' kernel.)
 // Usage: timeline B CTX NEXT_N [REPS]. Random fp8-safe bytes, equal lengths CTX, a random

@@ -40,14 +40,14 @@ constexpr int kTile = 64;                   // keys per tile (WGMMA M)
 #define kNegInf __int_as_float(0xff800000)
 // benchmarks/timeline.py only (never defined by the dsagen build): with -DDSAGEN_TIMELINE the
 // warp-specialized kernel records %globaltimer (ns) at 8 points per CTA into dsagen_timeline
-// (DSAGEN_MARK(i, cond): the thread where cond holds writes slot i of its CTA's 16, and slot 8 +
-// i its SM's id, %smid; CTAs past the first 1024 record nothing); otherwise the marks compile
-// to nothing.
+// (DSAGEN_MARK(i, cond): the thread where cond holds writes slot i of its CTA's 16; mark 0 also
+// its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing); otherwise the
+// marks compile to nothing.
 #ifdef DSAGEN_TIMELINE
 __device__ unsigned long long dsagen_timeline[1024 * 16];
 #define DSAGEN_MARK(i, cond) do { if (blockIdx.x < 1024 && (cond)) { unsigned long long t_; unsigned s_; \
   asm volatile("mov.u64 %0, %%globaltimer;\n mov.u32 %1, %%smid;" : "=l"(t_), "=r"(s_)); \
-  dsagen_timeline[blockIdx.x * 16 + (i)] = t_; dsagen_timeline[blockIdx.x * 16 + 8 + (i)] = s_; } } while (0)
+  dsagen_timeline[blockIdx.x * 16 + (i)] = t_; if ((i) == 0) dsagen_timeline[blockIdx.x * 16 + 8] = s_; } } while (0)
 #else
 #define DSAGEN_MARK(i, cond) do { } while (0)
 #endif
