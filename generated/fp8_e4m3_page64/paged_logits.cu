@@ -39,9 +39,9 @@ constexpr int kRowBytes = kKeyBytes;        // bytes of one key row (and one q r
 constexpr int kTile = 64;                   // keys per tile (WGMMA M)
 #define kNegInf __int_as_float(0xff800000)
 // benchmarks/timeline.py only (never defined by the dsagen build): with -DDSAGEN_TIMELINE the
-// warp-specialized kernel records %globaltimer (ns) at 8 points per CTA into dsagen_timeline
-// (DSAGEN_MARK(i, cond): the thread where cond holds writes slot i of its CTA's 16; mark 0 also
-// its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing); otherwise the
+// warp-specialized kernel records %globaltimer (ns) at 10 points per CTA into dsagen_timeline
+// (DSAGEN_MARK(i, cond): the thread where cond holds writes slot i of its CTA's 16: marks 0-7,
+// 9 and 10; mark 0 also its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing); otherwise the
 // marks compile to nothing.
 #ifdef DSAGEN_TIMELINE
 __device__ unsigned long long dsagen_timeline[1024 * 16];
@@ -344,6 +344,7 @@ __device__ __forceinline__ void schedule(const int* context_lens, bool ctx_2d, i
       }
       if ((tid & 31) == 31) s_warp[tid >> 5] = x;
       __syncthreads();
+      DSAGEN_MARK(9, tid == 0 && pass == 0 && base == 0);   // (timeline: every warp's context_lens back)
       int before = 0, chunk_total = 0;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
@@ -357,6 +358,7 @@ __device__ __forceinline__ void schedule(const int* context_lens, bool ctx_2d, i
         lo = int(int64_t(prefix) * blockIdx.x / grid);
         hi = int(int64_t(prefix) * (blockIdx.x + 1) / grid);
       }
+      DSAGEN_MARK(10, tid == 0 && pass == 0 && base == 0);  // (timeline: this CTA's share known)
       if ((pass == 1 || batch <= kThreads) && t > 0 && lo >= excl && lo < excl + t) {
         s_sched[0] = b;
         s_sched[1] = lo - excl;
