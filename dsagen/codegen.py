@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .spec import Spec
+from .spec import MAX_SMEM_BYTES, Spec
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 GENERATED_DIR = Path(__file__).resolve().parent.parent / "generated"
@@ -166,7 +166,7 @@ def ws_stages(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> 
     if tune["kernel"] != "ws" or not uses_ws(spec):
         return 0
     s = int(tune["ws_stages"])
-    while s >= 2 and ws_smem_bytes(spec, next_n, int(tune["math_wgs"]), s) > 227 * 1024:
+    while s >= 2 and ws_smem_bytes(spec, next_n, int(tune["math_wgs"]), s) > MAX_SMEM_BYTES:
         s -= 1
     return s if s >= 2 else 0
 
@@ -180,7 +180,7 @@ def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None 
     if not uses_wgmma(spec) or tune["kernel"] not in ("ws", "wgmma"):
         return False
     return (ws_stages(spec, next_n, tune) > 0
-            or wgmma_smem_bytes(spec, next_n, int(tune["stages"])) <= 227 * 1024)
+            or wgmma_smem_bytes(spec, next_n, int(tune["stages"])) <= MAX_SMEM_BYTES)
 
 
 def small_work_max_len(spec: Spec, next_n: int, batch: int, sms: int,

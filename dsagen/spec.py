@@ -19,6 +19,18 @@ import yaml
 
 from .dtypes import KEY_DTYPES, SCALE_DTYPES, DType, query_dtype
 
+MAX_SMEM_BYTES = 227 * 1024    # dynamic shared memory a block may opt into (sm_90, sm_100)
+
+
+def simt_smem_bytes(key_dtype: str, head_dim: int, num_heads: int, next_n: int) -> int:
+    """Shared memory (bytes) of one block of the portable CUDA-core paged-logits kernel: a
+    request's ``next_n * num_heads`` query rows of ``head_dim`` elements (q's dtype for keys of
+    ``key_dtype``, :func:`dsagen.dtypes.query_dtype`), 32 keys in fp32 and the 4 warps' partial
+    sums (the launch in templates/paged_logits.cu.jinja allocates the same). A spec whose value
+    exceeds :data:`MAX_SMEM_BYTES` at one of its next_n is invalid (``logits.next_n``)."""
+    esize = query_dtype(KEY_DTYPES[key_dtype]).bits // 8
+    return next_n * num_heads * head_dim * esize + 32 * (head_dim + 1) * 4 + 4 * next_n * 32 * 4
+
 ARCHS = ("sm_90a", "sm_100a")
 PLACEMENTS = ("page_tail", "interleaved", "separate")
 ROUNDINGS = ("none", "pow2")
@@ -327,10 +339,9 @@ def _parse(data: Any, source: str) -> Spec:
     targets = tuple(dict.fromkeys(targets_v))
 
     # the portable kernel keeps every query of a request in shared memory (227 KiB per block)
-    esize = query_dtype(key).bits // 8
     for n in next_n:
-        smem = n * num_heads * head_dim * esize + 32 * (head_dim + 1) * 4 + 4 * n * 32 * 4
-        if smem > 227 * 1024:
+        smem = simt_smem_bytes(key_dtype, head_dim, num_heads, n)
+        if smem > MAX_SMEM_BYTES:
             raise SpecError(source, "logits.next_n",
                             f"next_n={n} with num_heads={num_heads}, head_dim={head_dim} {key_dtype} needs "
                             f"{smem // 1024} KiB of shared memory per block (max 227)")

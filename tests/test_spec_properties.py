@@ -10,15 +10,7 @@ hyp = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 from dsagen import codegen  # noqa: E402
-from dsagen.dtypes import KEY_DTYPES, query_dtype  # noqa: E402
-from dsagen.spec import Spec, SpecError  # noqa: E402
-
-
-def _fits(next_n: int, num_heads: int, head_dim: int, key: str) -> bool:
-    """Whether the portable kernel's shared memory (a request's queries, 32 keys in fp32, the
-    partial sums) fits in the 227 KiB of a block: the limit the spec validator enforces."""
-    esize = query_dtype(KEY_DTYPES[key]).bits // 8
-    return next_n * num_heads * head_dim * esize + 32 * (head_dim + 1) * 4 + 16 * next_n * 32 <= 227 * 1024
+from dsagen.spec import MAX_SMEM_BYTES, Spec, SpecError, simt_smem_bytes  # noqa: E402
 
 
 @st.composite
@@ -37,7 +29,7 @@ def valid_specs(draw, max_heads: int = 128):
     }
     # next_n values whose queries fit in shared memory (e.g. not 4 x 104 heads x 256 bf16)
     heads = d["logits"]["num_heads"]
-    fit = [n for n in range(1, 5) if _fits(n, heads, head_dim, key)]
+    fit = [n for n in range(1, 5) if simt_smem_bytes(key, head_dim, heads, n) <= MAX_SMEM_BYTES]
     d["logits"]["next_n"] = sorted(draw(st.sets(st.sampled_from(fit), min_size=1, max_size=2)))
     key_bytes = head_dim * {"e4m3": 1, "e2m1": 1, "bf16": 2, "fp16": 2}[key] // (2 if key == "e2m1" else 1)
     scale_bytes = 0
@@ -126,9 +118,10 @@ def test_random_unknown_key_names_it(d, extra):
         Spec.from_dict(d)
 
 
-def test_fits_matches_the_validator():
-    """The strategy's shared-memory bound (_fits) is the validator's, for every key dtype,
-    head_dim, head count and next_n the strategies draw."""
+def test_smem_bound_is_what_the_validator_rejects():
+    """The validator rejects a next_n (naming logits.next_n) exactly where simt_smem_bytes, the
+    bound valid_specs draws by, exceeds MAX_SMEM_BYTES, for every key dtype, head_dim, head
+    count and next_n the strategies draw."""
     for key in ("e4m3", "bf16", "fp16", "e2m1"):
         for head_dim in (32, 64, 128, 256):
             for heads in range(8, 129, 8):
@@ -143,4 +136,4 @@ def test_fits_matches_the_validator():
                     except SpecError as e:
                         assert e.path == "logits.next_n", str(e)
                         ok = False
-                    assert ok == _fits(n, heads, head_dim, key), (key, head_dim, heads, n)
+                    assert ok == (simt_smem_bytes(key, head_dim, heads, n) <= MAX_SMEM_BYTES), (key, head_dim, heads, n)
