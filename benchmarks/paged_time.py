@@ -4,6 +4,9 @@ max_context_len beyond every length); then every round times each tuning once pe
 clock or co-tenant drift spreads over all of them. Prints each round and the median per tuning.
 Same timing as benchmarks/quick_time.py (spin-hidden launch, CUDA events, median of `iters`,
 rotated input sets of >= 256 MB, every request ctx long, random page order).
+A tuning with "_schedule": true is the same build (the key is removed) called with a schedule
+precomputed by paged_logits_schedule for each input set (outside the timed call, as a serving
+step shares one among its layers); the schedule kernel's own time is printed per shape.
 Usage: python benchmarks/paged_time.py SPEC 'json-tuning' ['json-tuning' ...]
 env: PAGED_SHAPES="32x8192,128x32768" (BxCTX), PAGED_ROUNDS=3"""
 import json
@@ -41,20 +44,36 @@ def main(path, tunings):
     bw = copy_bw()
     spec = dsagen.load_spec(path)
     print(f"copy bandwidth {bw:.0f} GB/s; {spec.name}", flush=True)
-    build_all(path, tunings)
-    ops = {t: dsagen.load(spec, tuning=json.loads(t)) for t in tunings}
+    plain = {t: {k: v for k, v in json.loads(t).items() if k != "_schedule"} for t in tunings}
+    scheduled = {t: bool(json.loads(t).get("_schedule")) for t in tunings}
+    builds = sorted({json.dumps(p, sort_keys=True) for p in plain.values()})
+    build_all(path, builds)
+    ops = {t: dsagen.load(spec, tuning=plain[t]) for t in tunings}
     g = torch.Generator().manual_seed(7)
     for t in tunings:
-        print(f"check {t}: {check(ops[t], spec, g)}", flush=True)
+        if not scheduled[t]:
+            print(f"check {t}: {check(ops[t], spec, g)}", flush=True)   # (checks the scheduled path too)
     shapes = [(B, ctx, nn) for B, ctx in SHAPES for nn in spec.next_n]
 
     def cases():   # one shape's input sets alive at a time
         for B, ctx, nn in shapes:
-            yield f"B={B} ctx={ctx} next_n={nn}", (ctx, decode_sets(ops[tunings[0]], spec, B, nn, ctx, g))
+            sets = decode_sets(ops[tunings[0]], spec, B, nn, ctx, g)
+            sched = {t: [ops[t].paged_logits_schedule(a[3], a[4], nn, ctx) for a in sets]
+                     for t in tunings if scheduled[t]}
+            for t in sched:
+                sus = time_fn([lambda a=a: ops[t].paged_logits_schedule(a[3], a[4], nn, ctx) for a in sets], iters=100)
+                print(f"schedule kernel B={B} ctx={ctx} next_n={nn} {t}: {sus:.2f} us", flush=True)
+            yield f"B={B} ctx={ctx} next_n={nn}", (ctx, sets, sched)
             torch.cuda.empty_cache()
 
-    med = interleaved(tunings, cases(), lambda t, p: time_fn([lambda a=a: ops[t].paged_logits(*a, p[0], True)
-                                                              for a in p[1]], iters=100), ROUNDS)
+    def time_one(t, p):
+        ctx, sets, sched = p
+        if scheduled[t]:
+            return time_fn([lambda a=a, s=s: ops[t].paged_logits(*a, ctx, True, schedule=s)
+                            for a, s in zip(sets, sched[t])], iters=100)
+        return time_fn([lambda a=a: ops[t].paged_logits(*a, ctx, True) for a in sets], iters=100)
+
+    med = interleaved(tunings, cases(), time_one, ROUNDS)
     for B, ctx, nn in shapes:
         nbytes = paged_logits_bytes(spec, B, nn, B * ctx, ctx)
         for t in tunings:

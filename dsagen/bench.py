@@ -18,6 +18,12 @@ the L2 is not what is measured. When even 64 sets stay under that total (small s
 read runs before each spin to evict the L2 (``l2_scrub`` in the row). CUDA-graph replay is
 available as the alternative (``method="graph"`` or ``DSAGEN_BENCH_METHOD=graph``).
 
+A paged-logits row on CUDA is timed twice: as a call that computes its own schedule (``us``)
+and from a precomputed ``paged_logits_schedule`` (``us_scheduled``, with ``schedule_us`` the
+schedule kernel's own time; a serving step makes one schedule for all of its layers). DeepGEMM
+is timed with its schedule metadata made outside the timed call, so ``speedup_vs_deepgemm_scheduled``
+is the like-for-like comparison.
+
 Bytes per row are the minimal traffic (:func:`paged_logits_bytes`, :func:`store_bytes`). A
 paged-logits row on CUDA also names the kernel that ran (``kernel``:
 :func:`dsagen.codegen.paged_logits_kernel`, e.g. ``"ws (small)"``).
@@ -517,11 +523,14 @@ _COLS = [  # (title, width, key, format)
     ("us", 10, "us", ".1f"),
     ("GB/s", 7, "GBps", ".0f"),
     ("%copy", 6, "pct_copy_bw", ".1f"),
+    ("us_sched", 9, "us_scheduled", ".1f"),
+    ("%copy_s", 7, "pct_copy_bw_scheduled", ".1f"),
     ("fallback_us", 12, "fallback_us", ".1f"),
     ("x_fb", 7, "speedup_vs_fallback", ".1f"),
     ("deepgemm_us", 12, "deepgemm_us", ".1f"),
     ("dg%copy", 8, "deepgemm_pct_copy_bw", ".1f"),
     ("x_dg", 6, "speedup_vs_deepgemm", ".2f"),
+    ("x_dg_s", 6, "speedup_vs_deepgemm_scheduled", ".2f"),
     ("bitwise", 8, "bitwise_20_reruns", "b"),
     ("TF/s", 6, "tflops", ".1f"),
     ("%mm", 5, "pct_matmul", ".1f"),
@@ -643,7 +652,10 @@ class Bench:
                 "sets_mb": None, "l2_scrub": False, "method": None, "spin_us": None,
                 "fallback_us": None, "speedup_vs_fallback": None, "fallback_note": None,
                 "deepgemm_us": None, "deepgemm_pct_copy_bw": None, "speedup_vs_deepgemm": None,
-                "deepgemm_note": None, "bitwise_20_reruns": None, "error": None}
+                "deepgemm_note": None, "bitwise_20_reruns": None, "us_scheduled": None,
+                "GBps_scheduled": None, "pct_copy_bw_scheduled": None, "schedule_us": None,
+                "scheduled_bitwise_equal": None, "speedup_vs_deepgemm_scheduled": None,
+                "error": None}
 
     def _fill_timing(self, row: dict, t: Timing, nbytes: int) -> None:
         gbps, pct = self._pct(nbytes, t.us)
@@ -723,6 +735,24 @@ class Bench:
         t = self.timer.time(kernel, n, self.runs, self.warmup, scrub)
         self._fill_timing(row, t, nbytes)
 
+        # the same calls from a precomputed schedule (paged_logits_schedule: made once per decode
+        # step for every layer, as DeepGEMM's metadata, whose kernel its timing excludes too),
+        # and the schedule kernel itself
+        ts = None
+        if self.device.type == "cuda" and hasattr(ops, "paged_logits_schedule"):
+            def schedule(k):
+                return ops.paged_logits_schedule(sets[k]["context_lens"], sets[k]["block_table"], nn, max_len)
+            scheds = [schedule(k) for k in range(n)]
+
+            def kernel_scheduled(k):
+                return ops.paged_logits(*args[k], max_len, True, **skw[k], schedule=scheds[k])
+            row["scheduled_bitwise_equal"] = bool(torch.equal(kernel_scheduled(0), first))
+            ts = self.timer.time(kernel_scheduled, n, self.runs, self.warmup, scrub)
+            gbps_s, pct_s = self._pct(nbytes, ts.us)
+            row.update(us_scheduled=_r(ts.us), GBps_scheduled=_r(gbps_s, 1), pct_copy_bw_scheduled=_r(pct_s))
+            row["schedule_us"] = _r(self.timer.time(schedule, n, self.runs, self.warmup, scrub).us)
+            del scheds
+
         # the plain PyTorch fallback
         peak = fallback_peak_bytes(spec, B, nn, max_len)
         row["fallback_peak_gb_est"] = round(peak / 1e9, 1)
@@ -755,6 +785,8 @@ class Bench:
                 _, pct = self._pct(nbytes, dt.us)
                 row.update(deepgemm_us=_r(dt.us), deepgemm_pct_copy_bw=_r(pct),
                            speedup_vs_deepgemm=_r(dt.us / t.us, 3), deepgemm_note=note)
+                if ts is not None:
+                    row["speedup_vs_deepgemm_scheduled"] = _r(dt.us / ts.us, 3)
             except Exception as e:
                 row["deepgemm_note"] = _short(e)
                 _free(self.device)

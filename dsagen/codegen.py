@@ -277,6 +277,9 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     overrides apply on top of the tuning's other keys, with :func:`effective_tuning`'s rules
     (see :func:`small_tuning`). A serving stack that passes a ``max_context_len`` far above the
     batch's lengths gets the main kernel.
+    ``sched``: the ``ws`` kernel can start from a schedule precomputed by
+    ``paged_logits_schedule`` (True, the default); False compiles that path out (the argument is
+    then ignored and the schedule op returns zeros): the A/B baseline of the kernel before it.
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
@@ -303,7 +306,7 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "math": True, "fuse": 128, "maxnreg": 232 if wide else 0, "chains": 0,
             "wregs": True, "loop": "request", "mma_ahead": ahead,
             "small": small, "small_tiles": 40,
-            "store_passes": 1,
+            "store_passes": 1, "sched": True,
             "store_lanes": 4 if _store_vec(spec) >= 8 else 16}
 
 
@@ -562,6 +565,7 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "store_lanes": min(int(tune["store_lanes"]), spec.head_dim // 8),
         "wregs_max_n": _wregs_max_n(spec, tune),
         "ws_regs": _ws_regs(tune),
+        "sched": bool(tune["sched"]),
         "k_step_bytes": 32,
         "mma_op": _mma_op(spec),
     }

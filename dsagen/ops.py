@@ -9,7 +9,9 @@ Schemas (the same for every spec)::
     store(Tensor k, Tensor(a!) kv_cache, Tensor loc, Tensor(b!)? kv_scales=None) -> ()
     paged_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens,
                  Tensor block_table, int max_context_len, bool clean_logits,
-                 Tensor? kv_scales=None) -> Tensor
+                 Tensor? kv_scales=None, Tensor? schedule=None) -> Tensor
+    paged_logits_schedule(Tensor context_lens, Tensor block_table, int next_n,
+                          int max_context_len) -> Tensor
     ragged_logits(Tensor q, Tensor k, Tensor? k_scale, Tensor weights, Tensor ks, Tensor ke,
                   bool clean_logits) -> Tensor
 
@@ -32,6 +34,7 @@ from .codegen import namespace, render
 from .spec import Spec, load_spec
 
 _LOCK = threading.Lock()
+SCHEDULE_ROW = 8 + 32 * 4   # int32 per row of a paged_logits_schedule (kSchedRow in layout.h)
 _LOADED: dict[str, "Ops"] = {}
 
 
@@ -93,7 +96,8 @@ class Ops:
 
     def paged_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                      context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
-                     clean_logits: bool = True, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+                     clean_logits: bool = True, kv_scales: torch.Tensor | None = None,
+                     schedule: torch.Tensor | None = None) -> torch.Tensor:
         """Indexer logits over the paged cache; DeepGEMM ``fp8_paged_mqa_logits`` semantics.
 
         Args:
@@ -109,14 +113,47 @@ class Ops:
                 whole 64-token tiles, including stale rows of a request's last page).
             kv_scales: ``separate`` specs: uint8 ``[num_pages, spec.scale_page_bytes]``; None
                 for the other placements.
+            schedule: optional, what :meth:`paged_logits_schedule` returned for these
+                ``context_lens``, ``block_table``, next_n and ``max_context_len`` (made once
+                per decode step and shared by every layer, as DeepGEMM's schedule metadata):
+                the sm_90a TMA kernel then starts from it instead of computing its schedule.
+                The result is bitwise the same as without it. A schedule made for other lengths
+                or another block table gives wrong logits (it is not checked against them; one
+                made for another batch size, ``max_context_len``, next_n or kernel is detected
+                and ignored). The other kernels ignore it.
         Returns:
             fp32 ``[B*next_n, max_context_len]``.
         Raises:
-            RuntimeError: shapes or dtypes do not match the spec, next_n is not in the spec, or
-                ``kv_scales`` is missing for a separate spec or given for another.
+            RuntimeError: shapes or dtypes do not match the spec, next_n is not in the spec,
+                ``kv_scales`` is missing for a separate spec or given for another, or
+                ``schedule`` is not an int32 ``[num_sms, kSchedRow]`` tensor of this device.
         """
         return self._ops.paged_logits(q, kv_cache, weights, context_lens, block_table,
-                                      int(max_context_len), bool(clean_logits), kv_scales)
+                                      int(max_context_len), bool(clean_logits), kv_scales, schedule)
+
+    def paged_logits_schedule(self, context_lens: torch.Tensor, block_table: torch.Tensor,
+                              next_n: int, max_context_len: int) -> torch.Tensor:
+        """The paged-logits schedule for one decode step, to pass as ``schedule=`` to every
+        layer's :meth:`paged_logits` call of that step (the layers share ``context_lens`` and
+        ``block_table``). The role of DeepGEMM's ``get_paged_mqa_logits_metadata``, computed
+        by one small kernel on the device (no host sync; CUDA-graph capturable).
+
+        Each of the ``num_sms`` rows is one CTA's share of the persistent grid: its first and
+        last schedule units, first request and that request's length, a tag of the kernel and
+        inputs it was made for, and the block-table entries of its first tiles.
+
+        Args:
+            context_lens: int32 ``[B]`` or ``[B, next_n]``, as for :meth:`paged_logits`.
+            block_table: int32 ``[B, max_pages]``.
+            next_n, max_context_len: those of the :meth:`paged_logits` calls.
+        Returns:
+            int32 ``[num_sms, S]`` on CUDA (``S`` = ``kSchedRow`` of the generated layout, 136);
+            ``[0, S]`` on the CPU backend, whose kernel needs none. Zeros (ignored by the
+            kernel) where the call would not run the sm_90a TMA kernel.
+        Raises:
+            RuntimeError: next_n not in the spec, or shapes, dtypes or devices wrong.
+        """
+        return self._ops.paged_logits_schedule(context_lens, block_table, int(next_n), int(max_context_len))
 
     def ragged_logits(self, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None,
                       weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor,
@@ -145,8 +182,14 @@ class Ops:
 def _register_fake(ns: str) -> None:
     @torch.library.register_fake(f"{ns}::paged_logits")
     def _fake(q, kv_cache, weights, context_lens, block_table, max_context_len, clean_logits,
-              kv_scales=None):
+              kv_scales=None, schedule=None):
         return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
+
+    @torch.library.register_fake(f"{ns}::paged_logits_schedule")
+    def _fake_schedule(context_lens, block_table, next_n, max_context_len):
+        dev = block_table.device
+        rows = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 0
+        return block_table.new_empty((rows, SCHEDULE_ROW), dtype=torch.int32)
 
     @torch.library.register_fake(f"{ns}::ragged_logits")
     def _fake_ragged(q, k, k_scale, weights, ks, ke, clean_logits):
@@ -163,8 +206,8 @@ def load(spec: Spec | str | Path, *, with_cuda: bool | None = None,
             matches is present.
         tuning: kernel tuning overrides (see :func:`dsagen.codegen.default_tuning`).
     Returns:
-        :class:`Ops` with ``store``, ``paged_logits``, ``ragged_logits``, ``new_cache`` and
-        ``new_scales``.
+        :class:`Ops` with ``store``, ``paged_logits``, ``paged_logits_schedule``,
+        ``ragged_logits``, ``new_cache`` and ``new_scales``.
     Raises:
         dsagen.SpecError: bad spec file.  dsagen.jit.BuildError: compilation failed or the
         cache is not writable.  dsagen.jit.JitDisabledError: ``DSAGEN_DISABLE_JIT`` is set and

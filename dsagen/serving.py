@@ -79,15 +79,22 @@ class IndexerKCache:
         self.ops.store(k, self.layer(layer), loc, self.layer_scales(layer))
 
     def paged_logits(self, layer: int, q, weights, context_lens, block_table, max_context_len: int,
-                     clean_logits: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
+                     clean_logits: bool = True, out: torch.Tensor | None = None,
+                     schedule: torch.Tensor | None = None) -> torch.Tensor:
         """Decode logits of ``layer`` (DeepGEMM ``fp8_paged_mqa_logits`` semantics; shapes as in
-        :meth:`dsagen.ops.Ops.paged_logits`). ``out``, if given, receives the result."""
+        :meth:`dsagen.ops.Ops.paged_logits`). ``out``, if given, receives the result;
+        ``schedule`` is this step's :meth:`schedule` (optional; the same result)."""
         res = self.ops.paged_logits(q, self.layer(layer), weights, context_lens, block_table,
-                                    max_context_len, clean_logits, self.layer_scales(layer))
+                                    max_context_len, clean_logits, self.layer_scales(layer), schedule)
         if out is not None:
             out.copy_(res)
             return out
         return res
+
+    def schedule(self, context_lens, block_table, next_n: int, max_context_len: int) -> torch.Tensor:
+        """The decode step's paged-logits schedule, made once and passed to every layer's
+        :meth:`paged_logits` (:meth:`dsagen.ops.Ops.paged_logits_schedule`)."""
+        return self.ops.paged_logits_schedule(context_lens, block_table, next_n, max_context_len)
 
     def gather(self, layer: int, block_table: torch.Tensor, cu_seq_lens: torch.Tensor):
         """Contiguous keys of requests for prefill, in the form :meth:`ragged_logits` takes.

@@ -6,7 +6,8 @@ the block table is a random permutation of pages; context lengths are not page m
 * store: the whole ``kv_cache`` (and ``kv_scales`` of a ``separate`` spec) after the op must
   equal, byte for byte, the reference's.
 * paged_logits: the ``-inf`` masks must be equal, no NaN may be left (so every element was
-  written), and the error of the valid entries against the reference computed in float64 from
+  written), the same call from a precomputed schedule (``paged_logits_schedule``) must give
+  the same bits, and the error of the valid entries against the reference computed in float64 from
   the same quantized q and keys must be small: relative L2 error ``|out - ref| / |ref|`` below
   1e-4, or, where the logits nearly cancel, the condition-scaled error ``|out - ref| / |mag|``
   below 2e-6, ``mag`` being the same sums over absolute values (``scale * sum_h |w| |q|.|k|``),
@@ -218,6 +219,17 @@ def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generato
         again = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits, **_scales_kw(sc))
         if not torch.equal(again, out) and not (clean_logits is False):
             row.deterministic = False
+    # the same call from a precomputed schedule (paged_logits_schedule) must give the same bits
+    # (on the visible entries without clean_logits: the rest is unspecified)
+    sched = ops.paged_logits_schedule(cl, bt, next_n, max_len)
+    _poisoned_alloc((B * next_n, max_len), device)
+    with_sched = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits, **_scales_kw(sc),
+                                  schedule=sched)
+    same = (torch.equal(with_sched, out) if clean_logits else
+            torch.equal(with_sched[torch.isfinite(ref)], out[torch.isfinite(ref)]))
+    if not same:
+        row.deterministic = False
+        row.note = (row.note + "; " if row.note else "") + "differs with a precomputed schedule"
     return _verdict(row, *logits_tolerance(spec, device, next_n, getattr(ops, "tuning", None)))
 
 

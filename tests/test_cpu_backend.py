@@ -254,6 +254,34 @@ def test_torch_library_registration(dsagen_spec, dsagen_ops, gen):
                           ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"))
 
 
+def test_schedule_on_the_cpu_backend(dsagen_spec, dsagen_ops, gen):
+    """paged_logits_schedule on the CPU is an empty int32 [0, 136] (the CPU kernel needs none);
+    paged_logits takes it and gives the same bits; malformed schedules and schedule inputs raise
+    errors that name them; the op passes opcheck."""
+    from dsagen.ops import SCHEDULE_ROW
+    spec, ops = dsagen_spec, dsagen_ops
+    cache, bt, sc = make_cache(spec, [70, 5], gen, "cpu")
+    n = spec.next_n[0]
+    q = random_q(spec, 2, n, gen, "cpu")
+    w = torch.randn(2 * n, spec.num_heads, generator=gen)
+    cl = torch.tensor([70, 5], dtype=torch.int32)
+    sched = ops.paged_logits_schedule(cl, bt, n, 70)
+    assert sched.dtype == torch.int32 and tuple(sched.shape) == (0, SCHEDULE_ROW)
+    want = ops.paged_logits(q, cache, w, cl, bt, 70, kv_scales=sc)
+    assert torch.equal(ops.paged_logits(q, cache, w, cl, bt, 70, kv_scales=sc, schedule=sched), want)
+    for bad in (sched.long(), torch.zeros(3, SCHEDULE_ROW - 1, dtype=torch.int32), sched.view(-1)):
+        with pytest.raises(RuntimeError, match="schedule must be"):
+            ops.paged_logits(q, cache, w, cl, bt, 70, kv_scales=sc, schedule=bad)
+    with pytest.raises(RuntimeError, match="next_n=7 is not in"):
+        ops.paged_logits_schedule(cl, bt, 7, 70)
+    with pytest.raises(RuntimeError, match="context_lens must be int32"):
+        ops.paged_logits_schedule(cl[:1], bt, n, 70)
+    with pytest.raises(RuntimeError, match="max_context_len must be in"):
+        ops.paged_logits_schedule(cl, bt, n, bt.shape[1] * spec.page_size + 1)
+    ns = getattr(torch.ops, ops.namespace)
+    torch.library.opcheck(ns.paged_logits_schedule.default, (cl, bt, n, 70))
+
+
 def test_ops_under_torch_compile_fullgraph(dsagen_spec, dsagen_ops, gen):
     """A decode step (store, paged logits, top-k) and a prefill step trace with
     torch.compile(fullgraph=True) (fake kernels, no graph break) and give the eager results."""

@@ -125,6 +125,55 @@ def test_small_work_and_main_kernels(dsagen_spec, cuda_ops, gen, repro):
             assert rel_err(got[v], cpu[v]) < logits_tolerance(spec, "cuda", next_n)[0], (max_len, repro)
 
 
+def test_precomputed_schedule_gives_the_same_bits(dsagen_spec, cuda_ops, gen, repro):
+    """paged_logits from a paged_logits_schedule equals, bitwise, the call that computes its
+    own schedule: on the small-work and the main kernel, one and two schedule passes (B=600),
+    2-D context_lens; a schedule made for another max_context_len, next_n or batch, or zeros,
+    is ignored (still the same bits)."""
+    from dsagen.codegen import paged_logits_kernel
+    from dsagen.ops import SCHEDULE_ROW
+    from dsagen.verify import _poisoned_alloc
+    spec, ops = dsagen_spec, cuda_ops
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
+    cases = [([1, 63, 65, 4097, 9000] + torch.randint(1, 6000, (27,), generator=gen).tolist(), False, None),
+             ([1, 63, 65, 4097, 9000] + torch.randint(1, 6000, (27,), generator=gen).tolist(), False, 70000),
+             (torch.randint(0, 300, (600,), generator=gen).tolist(), False, None),
+             (torch.randint(1, 3000, (40,), generator=gen).tolist(), True, None),
+             ([8192] * 32, False, None)]
+    kernels = set()
+    for next_n in spec.next_n:
+        for lens, two_d, max_len in cases:
+            max_len = max_len or max(lens)
+            q, cache, w, cl, bt = _inputs(spec, [max(max_len, lens[0])] + lens[1:], next_n, gen, two_d)
+            if not two_d:
+                cl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+            kernel = paged_logits_kernel(spec, next_n, len(lens), max_len, sms, props.major, ops.tuning)
+            kernels.add(kernel)
+            want = ops.paged_logits(q, cache, w, cl, bt, max_len)
+            sched = ops.paged_logits_schedule(cl, bt, next_n, max_len)
+            assert sched.dtype == torch.int32 and tuple(sched.shape) == (sms, SCHEDULE_ROW), repro
+            # rows of a TMA-kernel schedule carry a tag (column 5); the other kernels get zeros
+            assert bool((sched[:, 5] != 0).all()) == kernel.startswith("ws"), (kernel, repro)
+            _poisoned_alloc(tuple(want.shape), "cuda")
+            got = ops.paged_logits(q, cache, w, cl, bt, max_len, schedule=sched)
+            assert torch.equal(got, want), (next_n, len(lens), two_d, max_len, kernel, repro)
+            others = [torch.zeros_like(sched), ops.paged_logits_schedule(cl, bt, next_n, max_len - 1)]
+            if len(spec.next_n) > 1 and not two_d:
+                other_n = [m for m in spec.next_n if m != next_n][0]
+                others.append(ops.paged_logits_schedule(cl, bt, other_n, max_len))
+            if len(lens) > 1:
+                others.append(ops.paged_logits_schedule(cl[:-1], bt[:-1], next_n, max_len))
+            for other in others:
+                assert torch.equal(ops.paged_logits(q, cache, w, cl, bt, max_len, schedule=other), want), repro
+    # where the spec has the TMA kernels, both ran (the schedule path was exercised)
+    from dsagen.codegen import small_work_max_len, ws_stages
+    if props.major == 9 and ws_stages(spec, spec.next_n[0], ops.tuning) > 0:
+        assert "ws" in kernels, kernels
+        if small_work_max_len(spec, spec.next_n[0], 32, sms, ops.tuning) is not None:
+            assert "ws (small)" in kernels, kernels
+
+
 def test_store_is_deterministic(dsagen_spec, cuda_ops, gen):
     spec = dsagen_spec
     n = 4096
@@ -177,9 +226,12 @@ def test_cuda_graph_capture(dsagen_spec, cuda_ops, gen, repro):
     assert rel_err(out[v], ref[v]) < logits_tolerance(spec, "cuda", next_n, ops.tuning)[0], repro
 
 
-def test_decode_step_graph_replayed_with_other_context_lengths(dsagen_spec, cuda_ops, gen, repro):
+@pytest.mark.parametrize("with_schedule", [False, True], ids=["own_schedule", "precomputed_schedule"])
+def test_decode_step_graph_replayed_with_other_context_lengths(dsagen_spec, cuda_ops, gen, repro, with_schedule):
     """store + paged_logits + top-k captured once in a CUDA graph, replayed after the captured
-    context_lens / keys / queries buffers were refilled: each replay equals the eager step."""
+    context_lens / keys / queries buffers were refilled: each replay equals the eager step
+    (which computes its own schedule; with_schedule: the graph also holds paged_logits_schedule
+    and paged_logits starts from it)."""
     from dsagen.serving import topk
     spec, ops = dsagen_spec, cuda_ops
     n = spec.next_n[0]
@@ -189,9 +241,10 @@ def test_decode_step_graph_replayed_with_other_context_lengths(dsagen_spec, cuda
     loc = torch.zeros(3, dtype=torch.int64, device="cuda")
     lens_rows = torch.zeros(3 * n, dtype=torch.int32, device="cuda")
 
-    def step(c):
+    def step(c, sched=False):
         ops.store(k, c, loc)
-        logits = ops.paged_logits(q, c, w, cl, bt, max_len)
+        s = ops.paged_logits_schedule(cl, bt, n, max_len) if sched else None
+        logits = ops.paged_logits(q, c, w, cl, bt, max_len, schedule=s)
         return logits, topk(logits, lens_rows, 512)
 
     def refill(lens):
@@ -209,11 +262,11 @@ def test_decode_step_graph_replayed_with_other_context_lengths(dsagen_spec, cuda
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        step(cache.clone())
+        step(cache.clone(), with_schedule)
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out_logits, out_idx = step(graph_cache)
+        out_logits, out_idx = step(graph_cache, with_schedule)
     for lens in ([1200, 600, 2], [1500, 64, 1], [65, 1400, 3]):
         refill(lens)
         eager_cache = graph_cache.clone()
@@ -236,9 +289,16 @@ def test_opcheck_and_compile_on_cuda(dsagen_spec, cuda_ops, gen):
     utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
     torch.library.opcheck(ns.store.default, (k, cache.clone(), loc), test_utils=utils)
     torch.library.opcheck(ns.paged_logits.default, (q, cache, w, cl, bt, 300, True), test_utils=utils)
+    torch.library.opcheck(ns.paged_logits_schedule.default, (cl, bt, n, 300), test_utils=utils)
+    sched = ops.paged_logits_schedule(cl, bt, n, 300)
+    torch.library.opcheck(ns.paged_logits.default, (q, cache, w, cl, bt, 300, True, None, sched),
+                          test_utils=utils)
     rq, rk, rsc, rw = ragged_inputs(spec, 4, 50, gen, "cuda")
     ks = torch.tensor([0, 3, 9, 49], dtype=torch.int32, device="cuda")
     ke = torch.tensor([50, 3, 20, 50], dtype=torch.int32, device="cuda")
     torch.library.opcheck(ns.ragged_logits.default, (rq, rk, rsc, rw, ks, ke, True), test_utils=utils)
     f = torch.compile(lambda *a: ops.paged_logits(*a), fullgraph=True)
     assert torch.equal(f(q, cache, w, cl, bt, 300), ops.paged_logits(q, cache, w, cl, bt, 300))
+    fs = torch.compile(lambda q, c, w, cl, bt: ops.paged_logits(
+        q, c, w, cl, bt, 300, schedule=ops.paged_logits_schedule(cl, bt, n, 300)), fullgraph=True)
+    assert torch.equal(fs(q, cache, w, cl, bt), ops.paged_logits(q, cache, w, cl, bt, 300))

@@ -33,6 +33,11 @@ constexpr int kScalesPerToken = 0;
 constexpr int kScaleSize = 0;        // bytes per scale
 constexpr bool kScaleUE8M0 = false;  // exponent byte: 2^(e-127)
 constexpr float kAmaxFloor = 1e-4f;
+// int32 per CTA in a precomputed paged-logits schedule (paged_logits_schedule): a header of 8
+// (first and last-plus-one schedule unit, first request and unit, that request's length, a tag
+// of the kernel and inputs it was made for, batch, max_context_len) and, for each of up to 4
+// producer warps, the 32 block-table entries of its first window
+constexpr int kSchedRow = 8 + 32 * 4;
 
 // slot = page * kPageSize + offset; byte offsets are 64-bit.
 DSAGEN_HD int64_t key_offset(int64_t slot) {

@@ -10,7 +10,8 @@
 //  * paged_logits_wgmma (sm_90a): persistent grid, one warpgroup per CTA, 64-token key tiles
 //    brought in by cp.async into 128B-swizzled shared memory 4 stages deep, then the
 //    same WGMMA tile math. In both, the schedule (which tiles a CTA owns) is computed on the
-//    device from context_lens: no host sync, no metadata launch.
+//    device from context_lens: no host sync. paged_logits_ws can instead start from a schedule
+//    precomputed once per decode step by paged_logits_ws_schedule (launch_paged_logits_schedule).
 //  * paged_logits_simt: portable CUDA-core path (sm_100a and any other device).
 // and ragged_logits_simt: prefill logits over contiguous keys (DeepGEMM fp8_mqa_logits
 // semantics), a portable CUDA-core kernel on every device.
@@ -816,10 +817,26 @@ constexpr int wgmma_smem_bytes() {
 static_assert(wgmma_smem_bytes<1>() == 51712, "dsagen.codegen.wgmma_smem_bytes disagrees");
 static_assert(wgmma_smem_bytes<2>() == 68608, "dsagen.codegen.wgmma_smem_bytes disagrees");
 
+// The schedule the sm_90a kernel that launch<NEXT_N> picks for these lengths would compute
+// (paged_logits_ws_schedule), into sched [sms][kSchedRow]; zeros (a schedule no kernel uses)
+// where that kernel is not paged_logits_ws.
+template <int NEXT_N>
+static cudaError_t launch_schedule(const int* context_lens, bool ctx_2d, const int* block_table, int64_t bt_stride,
+                                   int64_t max_context_len, int batch, int* sched, cudaStream_t stream) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  int major = 0, sms = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return cudaMemsetAsync(sched, 0, size_t(sms) * kSchedRow * sizeof(int), stream);
+}
+
 template <int NEXT_N>
 static cudaError_t launch(const void* q, const uint8_t* kv_cache, int64_t num_pages, const float* weights, const int* context_lens,
                           bool ctx_2d, const int* block_table, int64_t bt_stride, float* logits,
-                          int64_t max_context_len, int batch, bool clean_logits, cudaStream_t stream) {
+                          int64_t max_context_len, int batch, bool clean_logits, const int* sched,
+                          cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
@@ -894,14 +911,27 @@ cudaError_t launch_ragged_logits(const void* q, const uint8_t* k, const float* k
 cudaError_t launch_paged_logits(int next_n, const void* q, const uint8_t* kv_cache, int64_t num_pages,
                                 const float* weights, const int* context_lens, bool ctx_2d, const int* block_table, int64_t bt_stride,
                                 float* logits, int64_t max_context_len, int batch, bool clean_logits,
-                                cudaStream_t stream) {
+                                const int* sched, cudaStream_t stream) {
   switch (next_n) {
     case 1:
       return launch<1>(q, kv_cache, num_pages, weights, context_lens, ctx_2d, block_table, bt_stride, logits,
-                              max_context_len, batch, clean_logits, stream);
+                              max_context_len, batch, clean_logits, sched, stream);
     case 2:
       return launch<2>(q, kv_cache, num_pages, weights, context_lens, ctx_2d, block_table, bt_stride, logits,
-                              max_context_len, batch, clean_logits, stream);
+                              max_context_len, batch, clean_logits, sched, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t launch_paged_logits_schedule(int next_n, const int* context_lens, bool ctx_2d, const int* block_table,
+                                         int64_t bt_stride, int64_t max_context_len, int batch, int* sched,
+                                         cudaStream_t stream) {
+  switch (next_n) {
+    case 1:
+      return launch_schedule<1>(context_lens, ctx_2d, block_table, bt_stride, max_context_len, batch, sched, stream);
+    case 2:
+      return launch_schedule<2>(context_lens, ctx_2d, block_table, bt_stride, max_context_len, batch, sched, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -12,7 +12,8 @@
 //  * paged_logits_wgmma (sm_90a): persistent grid, one warpgroup per CTA, 64-token key tiles
 //    brought in by cp.async into 128B-swizzled shared memory 4 stages deep, then the
 //    same WGMMA tile math. In both, the schedule (which tiles a CTA owns) is computed on the
-//    device from context_lens: no host sync, no metadata launch.
+//    device from context_lens: no host sync. paged_logits_ws can instead start from a schedule
+//    precomputed once per decode step by paged_logits_ws_schedule (launch_paged_logits_schedule).
 //  * paged_logits_simt: portable CUDA-core path (sm_100a and any other device).
 // and ragged_logits_simt: prefill logits over contiguous keys (DeepGEMM fp8_mqa_logits
 // semantics), a portable CUDA-core kernel on every device.
@@ -777,8 +778,8 @@ template <> constexpr int kWsStagesFor<2> = 4;
 // 3-D tensor copy of each key tile, 128B-swizzled, and a bulk copy of its 64 scales; warp 0
 // also brings q and the weights of each request); the remaining warps (the producers, with 4
 // math warpgroups, once their tiles are issued) write the -inf tail.
-// The schedule splits the requests' splits over the grid on the device (no host sync, no
-// metadata launch).
+// The schedule splits the requests' splits over the grid on the device (no host sync), in the
+// kernel or, once per decode step for every layer, in paged_logits_ws_schedule.
 // ------------------------------------------------------------------------------------------
 constexpr int kMathWGs = 2;
 // tuning `wregs`: the math warpgroups keep their weights in registers (read once per request)
@@ -786,6 +787,10 @@ constexpr int kMathWGs = 2;
 template <int NEXT_N> constexpr bool kWRegsFor = NEXT_N * kNumHeads <= 128;
 constexpr int kSplit = kMathWGs * kTile;                 // tokens per schedule unit
 constexpr int kWsThreads = 128 * (1 + kMathWGs);
+// The tag of a precomputed schedule row (kSchedRow): the unit size, next_n and context_lens'
+// rank it was made with (never 0, so a zero-filled schedule is never used).
+template <int NEXT_N>
+__host__ __device__ constexpr int sched_tag(bool ctx_2d) { return (kSplit * 256 + NEXT_N) * 2 + (ctx_2d ? 1 : 0); }
 static_assert(kMathWGs >= 1 && kMathWGs <= 4, "warpgroup 0 holds one producer warp per math warpgroup");
 constexpr int kScaleTileBytes = kQuantized ? kTile * 4 : 0;
 static_assert(kPageSize % kTile == 0 && kKeyTokenStride % 16 == 0 && kPageStride % 16 == 0 &&
@@ -858,7 +863,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
                 const uint8_t* __restrict__ kv_cache, const float* __restrict__ weights,
                 const int* __restrict__ context_lens, bool ctx_2d, const int* __restrict__ block_table,
                 int64_t bt_stride, float* __restrict__ logits, int64_t max_context_len, int batch,
-                bool clean_logits) {
+                bool clean_logits, const int* __restrict__ sched) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int N = NEXT_N * kNumHeads;
   constexpr int kQBytes = N * kRowBytes;
@@ -877,6 +882,18 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int max_len = int(max_context_len);
   DSAGEN_MARK(0, tid == 0);                                           // (timeline: CTA start)
+  // a schedule made by paged_logits_ws_schedule (once per decode step, for every layer): this
+  // CTA's row, used when its tag says it was made for this kernel and these inputs (else the
+  // schedule is computed below); each producer warp also takes its first block-table window
+  int4 sh0 = make_int4(0, 0, 0, 0), sh1 = make_int4(0, 0, 0, 0);
+  int sched_win = 0;
+  if (sched != nullptr) {
+    const int* row = sched + int64_t(blockIdx.x) * kSchedRow;
+    sh0 = __ldg(reinterpret_cast<const int4*>(row));
+    sh1 = __ldg(reinterpret_cast<const int4*>(row) + 1);
+    if (warp < kMathWGs) sched_win = __ldg(row + 8 + warp * 32 + lane);
+  }
+  const bool have_sched = sched != nullptr && sh1.y == sched_tag<NEXT_N>(ctx_2d) && sh1.z == batch && sh1.w == max_len;
   if (tid == 0) {
     for (int i = 0; i < kTiles; ++i) {
       mbar_init(full + i, 1);
@@ -891,7 +908,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&kv_map)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&q_map)) : "memory");
   }
-  if (warp == kMathWGs && batch > 0) {
+  if (!have_sched && warp == kMathWGs && batch > 0) {
     // while the schedule reads context_lens: bring into L2 the block-table row of the request
     // this CTA starts in when the lengths are equal (its first page reads then hit L2; a wrong
     // guess costs nothing), 32 entries per lane, within the row's pages of max_context_len
@@ -901,8 +918,16 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       asm volatile("prefetch.global.L2 [%0];\n" ::"l"(block_table + int64_t(b_guess) * bt_stride + lane * 32));
   }
   int lo, hi, first_b, first_split;
-  schedule<NEXT_N, kSplit, kWsThreads>(context_lens, ctx_2d, batch, max_len, lo, hi, first_b, first_split);
-  // (schedule ends with __syncthreads: the barriers are initialized for every thread)
+  if (have_sched) {
+    lo = sh0.x;
+    hi = sh0.y;
+    first_b = sh0.z;
+    first_split = sh0.w;
+    __syncthreads();   // the barriers are initialized for every thread
+  } else {
+    schedule<NEXT_N, kSplit, kWsThreads>(context_lens, ctx_2d, batch, max_len, lo, hi, first_b, first_split);
+    // (schedule ends with __syncthreads: the barriers are initialized for every thread)
+  }
   DSAGEN_MARK(1, tid == 0);                                           // (timeline: schedule known)
 
   if (warp < 4) {
@@ -915,7 +940,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     const int w = warp;
     if (lo < hi) {
       Cursor<NEXT_N, kSplit> cur{first_b, first_split, 0};
-      cur.len = request_len<NEXT_N>(context_lens, ctx_2d, cur.b, max_len);
+      cur.len = have_sched ? sh1.x : request_len<NEXT_N>(context_lens, ctx_2d, cur.b, max_len);
       int phase = -1, prev_b = -1;
       int win_base = 0, win = 0;                       // lane l: page of page index win_base + l
       int stage = 0, use = 0;                          // next stage of warpgroup w and its use count
@@ -940,6 +965,10 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
           }
           prev_b = b;
           win_base = -(1 << 30);
+          if (have_sched && u == lo) {                 // the schedule's window of this warp's first tile
+            win_base = (first_split * kMathWGs + w) * kTile / kPageSize;
+            win = sched_win;
+          }
         }
         const int tile = cur.unit * kMathWGs + w;
         if (tile * kTile < cur.len) {
@@ -1040,6 +1069,36 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
 #endif
 }
 
+// The schedule of paged_logits_ws<NEXT_N, *> for a grid of gridDim.x CTAs (the same device
+// function, so the same values), one kSchedRow row per CTA: lo, hi, first request, its first
+// unit, that request's length, sched_tag, batch, max_context_len, then for producer warp w
+// (w < kMathWGs; the others 0) the 32 block-table entries from the page of its first tile, 0
+// past the request's length (what the producer's first window read would give).
+template <int NEXT_N>
+__global__ void __launch_bounds__(kWsThreads, 1)
+paged_logits_ws_schedule(const int* __restrict__ context_lens, bool ctx_2d, const int* __restrict__ block_table,
+                         int64_t bt_stride, int max_len, int batch, int* __restrict__ sched) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  int lo, hi, first_b, first_split;
+  schedule<NEXT_N, kSplit, kWsThreads>(context_lens, ctx_2d, batch, max_len, lo, hi, first_b, first_split);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  int* row = sched + int64_t(blockIdx.x) * kSchedRow;
+  const int len = lo < hi ? request_len<NEXT_N>(context_lens, ctx_2d, first_b, max_len) : 0;
+  if (tid < 8) {
+    const int head[8] = {lo, hi, first_b, first_split, len, sched_tag<NEXT_N>(ctx_2d), batch, max_len};
+    row[tid] = head[tid];
+  }
+  if (warp < 4) {
+    int win = 0;
+    if (warp < kMathWGs && lo < hi) {
+      const int pidx = (first_split * kMathWGs + warp) * kTile / kPageSize;
+      win = (pidx + lane) * kPageSize < len ? __ldg(block_table + int64_t(first_b) * bt_stride + pidx + lane) : 0;
+    }
+    row[8 + warp * 32 + lane] = win;
+  }
+#endif
+}
+
 template <int NEXT_N, int STAGES>
 constexpr int ws_smem_bytes() {
   constexpr int N = NEXT_N * kNumHeads, kTiles = kMathWGs * STAGES;
@@ -1083,8 +1142,8 @@ static bool encode_map(CUtensorMap* map, const void* ptr, int rank, const cuuint
 template <int NEXT_N, int STAGES>
 static bool launch_ws(const void* q, const uint8_t* kv_cache, int64_t num_pages, const float* weights,
                       const int* context_lens, bool ctx_2d, const int* block_table, int64_t bt_stride, float* logits,
-                      int64_t max_context_len, int batch, bool clean_logits, int dev, int sms, cudaStream_t stream,
-                      cudaError_t* err) {
+                      int64_t max_context_len, int batch, bool clean_logits, const int* sched, int dev, int sms,
+                      cudaStream_t stream, cudaError_t* err) {
   constexpr int N = NEXT_N * kNumHeads;
   if (((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(weights) |
         reinterpret_cast<uintptr_t>(kv_cache)) & 15) != 0 || num_pages < 1 || num_pages > (int64_t(1) << 31) ||
@@ -1109,24 +1168,52 @@ static bool launch_ws(const void* q, const uint8_t* kv_cache, int64_t num_pages,
   }
   paged_logits_ws<NEXT_N, STAGES><<<sms, kWsThreads, smem, stream>>>(
       kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits, max_context_len,
-      batch, clean_logits);
+      batch, clean_logits, sched);
   *err = cudaGetLastError();
   return true;
+}
+
+// Launches paged_logits_ws_schedule for paged_logits_ws<NEXT_N, *>'s grid of `sms` CTAs.
+template <int NEXT_N>
+static cudaError_t launch_ws_schedule(const int* context_lens, bool ctx_2d, const int* block_table, int64_t bt_stride,
+                                      int64_t max_context_len, int batch, int* sched, int sms, cudaStream_t stream) {
+  paged_logits_ws_schedule<NEXT_N><<<sms, kWsThreads, 0, stream>>>(context_lens, ctx_2d, block_table, bt_stride,
+                                                                   int(max_context_len), batch, sched);
+  return cudaGetLastError();
 }
 
 // Entry of the small-work kernel (tuning `small`) for paged_logits.cu's launch: false (nothing
 // launched) where paged_logits_ws does not apply at next_n or to the inputs.
 bool launch_ws_small(int next_n, const void* q, const uint8_t* kv_cache, int64_t num_pages, const float* weights,
                      const int* context_lens, bool ctx_2d, const int* block_table, int64_t bt_stride, float* logits,
-                     int64_t max_context_len, int batch, bool clean_logits, int dev, int sms, cudaStream_t stream,
-                     cudaError_t* err) {
+                     int64_t max_context_len, int batch, bool clean_logits, const int* sched, int dev, int sms,
+                     cudaStream_t stream, cudaError_t* err) {
   switch (next_n) {
     case 1:
       return launch_ws<1, 4>(q, kv_cache, num_pages, weights, context_lens, ctx_2d, block_table, bt_stride,
-                                              logits, max_context_len, batch, clean_logits, dev, sms, stream, err);
+                                              logits, max_context_len, batch, clean_logits, sched, dev, sms, stream, err);
     case 2:
       return launch_ws<2, 4>(q, kv_cache, num_pages, weights, context_lens, ctx_2d, block_table, bt_stride,
-                                              logits, max_context_len, batch, clean_logits, dev, sms, stream, err);
+                                              logits, max_context_len, batch, clean_logits, sched, dev, sms, stream, err);
+    default:
+      return false;
+  }
+}
+
+// The small-work kernel's schedule (paged_logits_ws_schedule): false (nothing launched) where
+// it does not apply at next_n.
+bool launch_ws_schedule_small(int next_n, const int* context_lens, bool ctx_2d, const int* block_table,
+                              int64_t bt_stride, int64_t max_context_len, int batch, int* sched, int sms,
+                              cudaStream_t stream, cudaError_t* err) {
+  switch (next_n) {
+    case 1:
+      *err = launch_ws_schedule<1>(context_lens, ctx_2d, block_table, bt_stride, max_context_len, batch, sched,
+                                          sms, stream);
+      return true;
+    case 2:
+      *err = launch_ws_schedule<2>(context_lens, ctx_2d, block_table, bt_stride, max_context_len, batch, sched,
+                                          sms, stream);
+      return true;
     default:
       return false;
   }
