@@ -31,7 +31,7 @@ for s in $steps; do
     recall) timeout ${RECALL_TIMEOUT:-400} python3 -m dsagen.cli recall specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml \
               --device cuda --out $OUT/recall 2>&1 | tee $OUT/recall.log ;;
     tests) python3 -m pytest -q tests 2>&1 | tee $OUT/tests.log ;;
-    gputests) timeout ${GPUTEST_TIMEOUT:-550} python3 -m pytest -q -rs -m gpu tests/ ${GPUTEST_ARGS:-} 2>&1 | tee $OUT/tests_gpu.log ;;
+    gputests) eval timeout ${GPUTEST_TIMEOUT:-550} python3 -m pytest -q -rs -m gpu ${GPUTEST_ARGS:-tests/} 2>&1 | tee $OUT/tests_gpu.log ;;
     overhead) (cd benchmarks && eval python3 overhead.py ../specs/fp8_e4m3_page64.yaml ${OVERHEAD_TUNINGS:-}) 2>&1 | tee $OUT/overhead.log ;;
     gpustore) python3 -m pytest -q -rs -m gpu tests/ -k "store" 2>&1 | tee $OUT/tests_gpu_store.log ;;
     launchprobe) (cd benchmarks && timeout 200 python3 launch_probe.py) 2>&1 | tee $OUT/launch_probe.log ;;

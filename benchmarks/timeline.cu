@@ -8,7 +8,8 @@
 //   CTA's share of the units known.
 //   (Mark 4 is only recorded by the plain tile loop: not with tuning `mma_ahead`, the default of
 //   the 3-warpgroup fp8 kernel at next_n 1 and of the 16-bit keys' kernel.)
-// Usage: timeline B CTX NEXT_N [REPS]. Random fp8-safe bytes, equal lengths CTX, a random
+// Usage: timeline B CTX NEXT_N [REPS] (env TIMELINE_SCHED=1: from precomputed schedules; marks 9
+// and 10 are then not recorded). Random fp8-safe bytes, equal lengths CTX, a random
 // block_table per input set, 8 rotated input sets (more than the L2); each timed launch follows a
 // GPU spin so the launch is hidden, as in dsagen bench. Prints the CUDA-event time and, per mark,
 // the min / median / max over CTAs of (mark - earliest CTA start) in us, medians over the runs;
@@ -48,7 +49,7 @@ __global__ void spin(long long cycles) {
   while (clock64() - t0 < cycles) {}
 }
 
-struct Set { uint8_t* q; uint8_t* kv; float* w; int* lens; int* bt; float* logits; };
+struct Set { uint8_t* q; uint8_t* kv; float* w; int* lens; int* bt; float* logits; int* sched; };
 
 int main(int argc, char** argv) {
   namespace ns = DSAGEN_NS;
@@ -64,6 +65,8 @@ int main(int argc, char** argv) {
   const size_t q_bytes = size_t(B) * next_n * ns::kNumHeads * ns::kRowBytes;
   const size_t kv_bytes = size_t(num_pages) * ns::kPageStride;
   const int kSets = 8;
+  const bool use_sched = getenv("TIMELINE_SCHED") != nullptr && atoi(getenv("TIMELINE_SCHED")) != 0;
+  if (use_sched) printf("from a precomputed schedule (TIMELINE_SCHED)\n");
   std::mt19937 rng(1234);
   std::vector<Set> sets(kSets);
   for (int s = 0; s < kSets; ++s) {
@@ -82,6 +85,13 @@ int main(int argc, char** argv) {
     std::shuffle(bt.begin(), bt.end(), rng);
     CHECK(cudaMemcpy(x.lens, lens.data(), sizeof(int) * B, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(x.bt, bt.data(), sizeof(int) * num_pages, cudaMemcpyHostToDevice));
+    x.sched = nullptr;
+    if (use_sched) {   // TIMELINE_SCHED=1: each set's schedule precomputed (paged_logits_schedule)
+      int sms = 0;
+      CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      CHECK(cudaMalloc(&x.sched, sizeof(int) * sms * ns::kSchedRow));
+      CHECK(ns::launch_paged_logits_schedule(next_n, x.lens, false, x.bt, pages, ctx, B, x.sched, 0));
+    }
   }
   CHECK(cudaDeviceSynchronize());
   cudaStream_t st;
@@ -91,7 +101,7 @@ int main(int argc, char** argv) {
   CHECK(cudaEventCreate(&e1));
   auto launch = [&](const Set& x) {
     CHECK(ns::launch_paged_logits(next_n, x.q, x.kv, num_pages, x.w, x.lens, false, x.bt, pages, x.logits, ctx, B,
-                                  true, st));
+                                  true, x.sched, st));
   };
   for (int i = 0; i < 3 * kSets; ++i) launch(sets[i % kSets]);
   CHECK(cudaStreamSynchronize(st));

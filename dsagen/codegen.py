@@ -278,8 +278,10 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     (see :func:`small_tuning`). A serving stack that passes a ``max_context_len`` far above the
     batch's lengths gets the main kernel.
     ``sched``: the ``ws`` kernel can start from a schedule precomputed by
-    ``paged_logits_schedule`` (True, the default); False compiles that path out (the argument is
-    then ignored and the schedule op returns zeros): the A/B baseline of the kernel before it.
+    ``paged_logits_schedule`` (True, the default: a second instantiation of the kernel, launched
+    when a schedule is given; calls without one run the same code as with False); False builds
+    only the kernel that computes its own schedule (the argument is then ignored and the schedule
+    op returns zeros).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """

@@ -907,8 +907,10 @@ __device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, const float* ssca
 
 // kv_map: the key bytes as a 3-D uint8 tensor (kRowBytes, kPageSize, num_pages) with strides
 // (kKeyTokenStride, kPageStride), box (128, 64, 1), 128B swizzle. q_map: q as a 2-D uint8
-// tensor (kRowBytes, B * NEXT_N * kNumHeads), box (128, kNumHeads), 128B swizzle.
-template <int NEXT_N, int STAGES>
+// tensor (kRowBytes, B * NEXT_N * kNumHeads), box (128, kNumHeads), 128B swizzle. SCHED: the
+// instantiation launched with a precomputed schedule `sched` (the other never reads it, so a call
+// without one runs the same code as before the schedule existed).
+template <int NEXT_N, int STAGES, bool SCHED>
 __global__ void __launch_bounds__(kWsThreads, 1)
 paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap q_map,
                 const uint8_t* __restrict__ kv_cache, const float* __restrict__ weights,
@@ -938,13 +940,13 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
   // schedule is computed below); each producer warp also takes its first block-table window
   int4 sh0 = make_int4(0, 0, 0, 0), sh1 = make_int4(0, 0, 0, 0);
   int sched_win = 0;
-  if (sched != nullptr) {
+  if constexpr (SCHED) {
     const int* row = sched + int64_t(blockIdx.x) * kSchedRow;
     sh0 = __ldg(reinterpret_cast<const int4*>(row));
     sh1 = __ldg(reinterpret_cast<const int4*>(row) + 1);
     if (warp < kMathWGs) sched_win = __ldg(row + 8 + warp * 32 + lane);
   }
-  const bool have_sched = sched != nullptr && sh1.y == sched_tag<NEXT_N>(ctx_2d) && sh1.z == batch && sh1.w == max_len;
+  const bool have_sched = SCHED && sh1.y == sched_tag<NEXT_N>(ctx_2d) && sh1.z == batch && sh1.w == max_len;
   if (tid == 0) {
     for (int i = 0; i < kTiles; ++i) {
       mbar_init(full + i, 1);
@@ -1233,6 +1235,26 @@ static bool encode_map(CUtensorMap* map, const void* ptr, int rank, const cuuint
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The launch of one paged_logits_ws instantiation (its shared-memory opt-in once per device).
+template <int NEXT_N, int STAGES, bool SCHED>
+static cudaError_t launch_ws_grid(const CUtensorMap& kv_map, const CUtensorMap& q_map, const uint8_t* kv_cache,
+                                  const float* weights, const int* context_lens, bool ctx_2d, const int* block_table,
+                                  int64_t bt_stride, float* logits, int64_t max_context_len, int batch,
+                                  bool clean_logits, const int* sched, int dev, int sms, cudaStream_t stream) {
+  static bool configured[kMaxDevices] = {};
+  const int smem = ws_smem_bytes<NEXT_N, STAGES>();
+  if (!configured[dev]) {
+    const cudaError_t err = cudaFuncSetAttribute(paged_logits_ws<NEXT_N, STAGES, SCHED>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    configured[dev] = true;
+  }
+  paged_logits_ws<NEXT_N, STAGES, SCHED><<<sms, kWsThreads, smem, stream>>>(
+      kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits, max_context_len,
+      batch, clean_logits, sched);
+  return cudaGetLastError();
+}
+
 // Launches paged_logits_ws; returns false (nothing launched) where the inputs do not allow it.
 template <int NEXT_N, int STAGES>
 static bool launch_ws(const void* q, const uint8_t* kv_cache, int64_t num_pages, const float* weights,
@@ -1254,17 +1276,13 @@ static bool launch_ws(const void* q, const uint8_t* kv_cache, int64_t num_pages,
   if (!encode_map(&kv_map, kv_cache, 3, kv_dims, kv_strides, kv_box) ||
       !encode_map(&q_map, q, 2, q_dims, q_strides, q_box))
     return false;
-  static bool configured[kMaxDevices] = {};
-  const int smem = ws_smem_bytes<NEXT_N, STAGES>();
-  if (!configured[dev]) {
-    *err = cudaFuncSetAttribute(paged_logits_ws<NEXT_N, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (*err != cudaSuccess) return true;
-    configured[dev] = true;
-  }
-  paged_logits_ws<NEXT_N, STAGES><<<sms, kWsThreads, smem, stream>>>(
-      kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits, max_context_len,
-      batch, clean_logits, sched);
-  *err = cudaGetLastError();
+  *err = sched != nullptr
+             ? launch_ws_grid<NEXT_N, STAGES, true>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
+                                                    bt_stride, logits, max_context_len, batch, clean_logits, sched,
+                                                    dev, sms, stream)
+             : launch_ws_grid<NEXT_N, STAGES, false>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
+                                                     bt_stride, logits, max_context_len, batch, clean_logits, nullptr,
+                                                     dev, sms, stream);
   return true;
 }
 
