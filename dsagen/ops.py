@@ -118,15 +118,20 @@ class Ops:
                 per decode step and shared by every layer, as DeepGEMM's schedule metadata):
                 the sm_90a TMA kernel then starts from it instead of computing its schedule.
                 The result is bitwise the same as without it. A schedule made for other lengths
-                or another block table gives wrong logits (it is not checked against them; one
-                made for another batch size, ``max_context_len``, next_n or kernel is detected
-                and ignored). The other kernels ignore it.
+                or another block table gives wrong logits: it is not checked against them (one
+                made for another batch size, ``max_context_len``, next_n, ``context_lens`` rank,
+                page size or kernel is detected and ignored). Where such a schedule covers
+                block-table entries past the current lengths that are not valid page ids, the
+                behaviour is undefined, as for any out-of-range page id on CUDA. Each CTA's
+                producers and math warpgroups follow the same row, so it cannot leave the
+                kernel waiting. The other kernels ignore it.
         Returns:
             fp32 ``[B*next_n, max_context_len]``.
         Raises:
             RuntimeError: shapes or dtypes do not match the spec, next_n is not in the spec,
                 ``kv_scales`` is missing for a separate spec or given for another, or
-                ``schedule`` is not an int32 ``[num_sms, kSchedRow]`` tensor of this device.
+                ``schedule`` is not a contiguous, 16-byte aligned int32 ``[num_sms, kSchedRow]``
+                tensor of this device.
         """
         return self._ops.paged_logits(q, kv_cache, weights, context_lens, block_table,
                                       int(max_context_len), bool(clean_logits), kv_scales, schedule)
@@ -147,9 +152,10 @@ class Ops:
             block_table: int32 ``[B, max_pages]``.
             next_n, max_context_len: those of the :meth:`paged_logits` calls.
         Returns:
-            int32 ``[num_sms, S]`` on CUDA (``S`` = ``kSchedRow`` of the generated layout, 136);
-            ``[0, S]`` on the CPU backend, whose kernel needs none. Zeros (ignored by the
-            kernel) where the call would not run the sm_90a TMA kernel.
+            int32 ``[num_sms, S]`` on CUDA (``S`` = ``kSchedRow`` of the generated layout, 136),
+            16-byte aligned; ``[0, S]`` on the CPU backend, whose kernel needs none. Zeros
+            (ignored by the kernel) where the launch rule would not pick the sm_90a TMA kernel
+            for these lengths (no sm_90 device, a spec without it, or tuning ``sched`` off).
         Raises:
             RuntimeError: next_n not in the spec, or shapes, dtypes or devices wrong.
         """

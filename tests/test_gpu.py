@@ -128,8 +128,11 @@ def test_small_work_and_main_kernels(dsagen_spec, cuda_ops, gen, repro):
 def test_precomputed_schedule_gives_the_same_bits(dsagen_spec, cuda_ops, gen, repro):
     """paged_logits from a paged_logits_schedule equals, bitwise, the call that computes its
     own schedule: on the small-work and the main kernel, one and two schedule passes (B=600),
-    2-D context_lens; a schedule made for another max_context_len, next_n or batch, or zeros,
-    is ignored (still the same bits)."""
+    2-D context_lens. The TMA kernel does use it (a schedule whose block-table windows are
+    changed gives other logits). A schedule made for another max_context_len (whose clamped
+    lengths differ), next_n or batch, or zeros, is ignored (still the same bits). A stale one,
+    made for longer lengths with the same batch and max_context_len, is used: wrong logits, but
+    the call completes (producers and math warpgroups follow the same row)."""
     from dsagen.codegen import paged_logits_kernel
     from dsagen.ops import SCHEDULE_ROW
     from dsagen.verify import _poisoned_alloc
@@ -139,7 +142,9 @@ def test_precomputed_schedule_gives_the_same_bits(dsagen_spec, cuda_ops, gen, re
     cases = [([1, 63, 65, 4097, 9000] + torch.randint(1, 6000, (27,), generator=gen).tolist(), False, None),
              ([1, 63, 65, 4097, 9000] + torch.randint(1, 6000, (27,), generator=gen).tolist(), False, 70000),
              (torch.randint(0, 300, (600,), generator=gen).tolist(), False, None),
+             (torch.randint(0, 300, (600,), generator=gen).tolist(), False, 70000),
              (torch.randint(1, 3000, (40,), generator=gen).tolist(), True, None),
+             (torch.randint(1, 3000, (40,), generator=gen).tolist(), True, 70000),
              ([8192] * 32, False, None)]
     kernels = set()
     for next_n in spec.next_n:
@@ -158,13 +163,29 @@ def test_precomputed_schedule_gives_the_same_bits(dsagen_spec, cuda_ops, gen, re
             _poisoned_alloc(tuple(want.shape), "cuda")
             got = ops.paged_logits(q, cache, w, cl, bt, max_len, schedule=sched)
             assert torch.equal(got, want), (next_n, len(lens), two_d, max_len, kernel, repro)
-            others = [torch.zeros_like(sched), ops.paged_logits_schedule(cl, bt, next_n, max_len - 1)]
+            if kernel.startswith("ws"):
+                # the kernel reads the row: other pages in the windows give other logits
+                moved = sched.clone()
+                moved[:, 8:] = (moved[:, 8:] + 1) % cache.shape[0]
+                _poisoned_alloc(tuple(want.shape), "cuda")
+                assert not torch.equal(ops.paged_logits(q, cache, w, cl, bt, max_len, schedule=moved),
+                                       want), (kernel, repro)
+                # stale (longer lengths, same batch and max_context_len): the call completes
+                longer = torch.full_like(cl, max_len)
+                _poisoned_alloc(tuple(want.shape), "cuda")
+                stale = ops.paged_logits(q, cache, w, cl, bt, max_len,
+                                         schedule=ops.paged_logits_schedule(longer, bt, next_n, max_len))
+                torch.cuda.synchronize()
+                assert stale.shape == want.shape, repro
+            # a max_context_len that clamps the lengths: another schedule, which must be ignored
+            others = [torch.zeros_like(sched), ops.paged_logits_schedule(cl, bt, next_n, max(1, max_len // 2))]
             if len(spec.next_n) > 1 and not two_d:
                 other_n = [m for m in spec.next_n if m != next_n][0]
                 others.append(ops.paged_logits_schedule(cl, bt, other_n, max_len))
             if len(lens) > 1:
                 others.append(ops.paged_logits_schedule(cl[:-1], bt[:-1], next_n, max_len))
             for other in others:
+                _poisoned_alloc(tuple(want.shape), "cuda")
                 assert torch.equal(ops.paged_logits(q, cache, w, cl, bt, max_len, schedule=other), want), repro
     # where the spec has the TMA kernels, both ran (the schedule path was exercised)
     from dsagen.codegen import small_work_max_len, ws_stages

@@ -100,6 +100,9 @@ static void check_schedule(const at::Tensor& kv_cache, const c10::optional<at::T
               schedule->is_contiguous(), "bf16_page64.paged_logits: schedule must be what paged_logits_schedule "
               "returns (contiguous int32 [num_sms, ", kSchedRow, "]), got ", schedule->scalar_type(), " ", schedule->sizes());
   TORCH_CHECK(schedule->device() == kv_cache.device(), "bf16_page64.paged_logits: schedule must be on kv_cache's device");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(schedule->data_ptr()) % 16 == 0,
+              "bf16_page64.paged_logits: schedule must be 16-byte aligned (the kernel reads its rows in 16-byte "
+              "pieces); pass the tensor paged_logits_schedule returned, or a clone of it");
 #ifdef DSAGEN_WITH_CUDA
   if (kv_cache.is_cuda()) {
     const int sms = at::cuda::getDeviceProperties(kv_cache.get_device())->multiProcessorCount;

@@ -787,10 +787,16 @@ constexpr int kMathWGs = 2;
 template <int NEXT_N> constexpr bool kWRegsFor = NEXT_N * kNumHeads <= 128;
 constexpr int kSplit = kMathWGs * kTile;                 // tokens per schedule unit
 constexpr int kWsThreads = 128 * (1 + kMathWGs);
-// The tag of a precomputed schedule row (kSchedRow): the unit size, next_n and context_lens'
-// rank it was made with (never 0, so a zero-filled schedule is never used).
+// The tag of a precomputed schedule row (kSchedRow): the page size, unit size, next_n and
+// context_lens' rank it was made with (never 0, so a zero-filled schedule is never used). Both
+// sides of the kernel (producers and math warpgroups) take the first request's length from the
+// row, so a stale schedule (made for other lengths) gives wrong logits but cannot leave one
+// side waiting for tiles the other never sends.
 template <int NEXT_N>
-__host__ __device__ constexpr int sched_tag(bool ctx_2d) { return (kSplit * 256 + NEXT_N) * 2 + (ctx_2d ? 1 : 0); }
+__host__ __device__ constexpr int sched_tag(bool ctx_2d) {
+  return (((kPageSize << 10) + kSplit) * 256 + NEXT_N) * 2 + (ctx_2d ? 1 : 0);
+}
+static_assert(kPageSize <= 256 && kSplit <= 256, "sched_tag packs them into 31 bits");
 static_assert(kMathWGs >= 1 && kMathWGs <= 4, "warpgroup 0 holds one producer warp per math warpgroup");
 constexpr int kScaleTileBytes = kQuantized ? kTile * 4 : 0;
 static_assert(kPageSize % kTile == 0 && kKeyTokenStride % 16 == 0 && kPageStride % 16 == 0 &&
@@ -948,6 +954,9 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       int stage = 0, use = 0;                          // next stage of warpgroup w and its use count
       for (int u = lo; u < hi; ++u) {
         const int b = cur.b;
+        // a stale schedule (made for longer lengths) can outrun the requests: stop, as the math
+        // warpgroups do
+        if (have_sched && b >= batch) break;
         const int* bt = block_table + int64_t(b) * bt_stride;
         if (b != prev_b) {
           ++phase;
@@ -1027,7 +1036,8 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     float wr[kWRegsFor<NEXT_N> ? NEXT_N * kNumHeads / 4 : 1];
     int b = first_b, u = first_split, g = lo;           // request, its first split here, its global unit
     for (int phase = 0;; ++phase) {
-      const int len = request_len<NEXT_N>(context_lens, ctx_2d, b, max_len);
+      // (the first request's length as the producers have it: from the schedule, if one is used)
+      const int len = have_sched && phase == 0 ? sh1.x : request_len<NEXT_N>(context_lens, ctx_2d, b, max_len);
       const int u_end = min((len + kSplit - 1) / kSplit, u + (hi - g));
       mbar_wait(q_full + (phase & 1), (phase >> 1) & 1);
 #pragma unroll
