@@ -272,6 +272,9 @@ def test_schedule_on_the_cpu_backend(dsagen_spec, dsagen_ops, gen):
     for bad in (sched.long(), torch.zeros(3, SCHEDULE_ROW - 1, dtype=torch.int32), sched.view(-1)):
         with pytest.raises(RuntimeError, match="schedule must be"):
             ops.paged_logits(q, cache, w, cl, bt, 70, kv_scales=sc, schedule=bad)
+    shifted = torch.zeros(2 * SCHEDULE_ROW + 1, dtype=torch.int32)[1:].view(2, SCHEDULE_ROW)
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
+        ops.paged_logits(q, cache, w, cl, bt, 70, kv_scales=sc, schedule=shifted)
     with pytest.raises(RuntimeError, match="next_n=7 is not in"):
         ops.paged_logits_schedule(cl, bt, 7, 70)
     with pytest.raises(RuntimeError, match="context_lens must be int32"):
