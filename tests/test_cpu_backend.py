@@ -254,17 +254,23 @@ def test_torch_library_registration(dsagen_spec, dsagen_ops, gen):
                           ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"))
 
 
+def _two_requests(spec, gen):
+    """Paged-logits inputs of two requests (70 and 5 tokens) at the spec's first next_n:
+    ``(kv_cache, block_table, kv_scales, next_n, q, weights, context_lens)``."""
+    cache, bt, sc = make_cache(spec, [70, 5], gen, "cpu")
+    n = spec.next_n[0]
+    q = random_q(spec, 2, n, gen, "cpu")
+    w = torch.randn(2 * n, spec.num_heads, generator=gen)
+    return cache, bt, sc, n, q, w, torch.tensor([70, 5], dtype=torch.int32)
+
+
 def test_schedule_on_the_cpu_backend(dsagen_spec, dsagen_ops, gen):
     """paged_logits_schedule on the CPU is an empty int32 [0, 136] (the CPU kernel needs none);
     paged_logits takes it and gives the same bits; malformed schedules and schedule inputs raise
     errors that name them; the op passes opcheck."""
     from dsagen.ops import SCHEDULE_ROW
     spec, ops = dsagen_spec, dsagen_ops
-    cache, bt, sc = make_cache(spec, [70, 5], gen, "cpu")
-    n = spec.next_n[0]
-    q = random_q(spec, 2, n, gen, "cpu")
-    w = torch.randn(2 * n, spec.num_heads, generator=gen)
-    cl = torch.tensor([70, 5], dtype=torch.int32)
+    cache, bt, sc, n, q, w, cl = _two_requests(spec, gen)
     sched = ops.paged_logits_schedule(cl, bt, n, 70)
     assert sched.dtype == torch.int32 and tuple(sched.shape) == (0, SCHEDULE_ROW)
     want = ops.paged_logits(q, cache, w, cl, bt, 70, kv_scales=sc)
@@ -291,11 +297,7 @@ def test_ops_under_torch_compile_fullgraph(dsagen_spec, dsagen_ops, gen):
     from dsagen.serving import topk
     from dsagen.verify import ragged_inputs
     spec, ops = dsagen_spec, dsagen_ops
-    cache, bt, sc = make_cache(spec, [70, 5], gen, "cpu")
-    n = spec.next_n[0]
-    q = random_q(spec, 2, n, gen, "cpu")
-    w = torch.randn(2 * n, spec.num_heads, generator=gen)
-    cl = torch.tensor([70, 5], dtype=torch.int32)
+    cache, bt, sc, n, q, w, cl = _two_requests(spec, gen)
     k = random_keys(2, spec.head_dim, gen, "cpu")
     loc = torch.tensor([int(bt[0, 1]) * spec.page_size + 3, int(bt[1, 0]) * spec.page_size + 4])
 
