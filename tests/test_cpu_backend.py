@@ -299,7 +299,9 @@ def test_ops_under_torch_compile_fullgraph(dsagen_spec, dsagen_ops, gen):
     spec, ops = dsagen_spec, dsagen_ops
     cache, bt, sc, n, q, w, cl = _two_requests(spec, gen)
     k = random_keys(2, spec.head_dim, gen, "cpu")
-    loc = torch.tensor([int(bt[0, 1]) * spec.page_size + 3, int(bt[1, 0]) * spec.page_size + 4])
+    # slots in pages the requests read (offsets within a page: page_size may be 1)
+    ps = spec.page_size
+    loc = torch.tensor([int(bt[0, 1]) * ps + 3 % ps, int(bt[1, 0]) * ps + 4 % ps])
 
     def decode(cache, scales, k, q, w, cl):
         ops.store(k, cache, loc, scales)
