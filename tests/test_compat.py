@@ -61,6 +61,31 @@ def test_deepgemm_mqa_logits_signature(gen, device):
     assert float((out[v].double() - ref[v]).norm() / ref[v].norm()) < 1e-4
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_deepgemm_metadata_extension_gives_a_schedule(gen, device):
+    """get_paged_mqa_logits_metadata with the block table and max_context_len (a dsagen
+    extension) returns the ops' schedule; fp8_paged_mqa_logits passes it on: the same bits as
+    with DeepGEMM's placeholder. Half of the extension's arguments is an error."""
+    from dsagen.ops import SCHEDULE_ROW
+    _need(device)
+    spec = dg._ops().spec
+    lens = [300, 65, 1]
+    cache, bt, _ = make_cache(spec, lens, gen, device)
+    q = random_q(spec, 3, 2, gen, device)
+    w = torch.randn(6, spec.num_heads, generator=gen).to(device)
+    cl = torch.tensor(lens, dtype=torch.int32, device=device)
+    plain = dg.fp8_paged_mqa_logits(q, cache, w, cl, bt, dg.get_paged_mqa_logits_metadata(cl, spec.page_size, 132),
+                                    300, clean_logits=True)
+    meta = dg.get_paged_mqa_logits_metadata(cl, spec.page_size, 132, block_table=bt, max_context_len=300,
+                                            next_n=2)
+    assert meta.dtype == torch.int32 and meta.shape[1] == SCHEDULE_ROW and meta.device == cl.device
+    if device == "cuda":
+        assert meta.shape[0] == torch.cuda.get_device_properties(cl.device).multi_processor_count
+    assert torch.equal(dg.fp8_paged_mqa_logits(q, cache, w, cl, bt, meta, 300, clean_logits=True), plain)
+    with pytest.raises(ValueError, match="both block_table and max_context_len"):
+        dg.get_paged_mqa_logits_metadata(cl, spec.page_size, 132, block_table=bt)
+
+
 def test_separate_scales_are_refused():
     """DeepGEMM's kv_cache holds the scales: a separate-scales spec cannot back its signature."""
     before = dg._ops()
