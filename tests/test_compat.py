@@ -20,15 +20,21 @@ def _need(device: str) -> None:
         pytest.skip("no CUDA device")
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_deepgemm_signature_matches_reference(gen, device):
-    _need(device)
+def _decode_inputs(gen, device):
+    """Three requests (300, 65, 1 tokens) at next_n 2 for the compat spec: ``(spec, kv_cache,
+    block_table, q, weights, context_lens)``."""
     spec = dg._ops().spec
     lens = [300, 65, 1]
     cache, bt, _ = make_cache(spec, lens, gen, device)
     q = random_q(spec, 3, 2, gen, device)
     w = torch.randn(6, spec.num_heads, generator=gen).to(device)
-    cl = torch.tensor(lens, dtype=torch.int32, device=device)
+    return spec, cache, bt, q, w, torch.tensor(lens, dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deepgemm_signature_matches_reference(gen, device):
+    _need(device)
+    spec, cache, bt, q, w, cl = _decode_inputs(gen, device)
     meta = dg.get_paged_mqa_logits_metadata(cl, spec.page_size, 132)
     assert meta.shape == (133, 2) and meta.dtype == torch.int32 and meta.device == cl.device
     view = cache.view(cache.shape[0], spec.page_size, 1, spec.bytes_per_token)   # DeepGEMM's view
@@ -68,12 +74,7 @@ def test_deepgemm_metadata_extension_gives_a_schedule(gen, device):
     with DeepGEMM's placeholder. Half of the extension's arguments is an error."""
     from dsagen.ops import SCHEDULE_ROW
     _need(device)
-    spec = dg._ops().spec
-    lens = [300, 65, 1]
-    cache, bt, _ = make_cache(spec, lens, gen, device)
-    q = random_q(spec, 3, 2, gen, device)
-    w = torch.randn(6, spec.num_heads, generator=gen).to(device)
-    cl = torch.tensor(lens, dtype=torch.int32, device=device)
+    spec, cache, bt, q, w, cl = _decode_inputs(gen, device)
     plain = dg.fp8_paged_mqa_logits(q, cache, w, cl, bt, dg.get_paged_mqa_logits_metadata(cl, spec.page_size, 132),
                                     300, clean_logits=True)
     meta = dg.get_paged_mqa_logits_metadata(cl, spec.page_size, 132, block_table=bt, max_context_len=300,
