@@ -16,6 +16,10 @@ from typing import Any
 
 from .spec import MAX_SMEM_BYTES, Spec
 
+# int32 per CTA row of a paged_logits_schedule (kSchedRow in layout.h): a header of 8, then 32
+# block-table entries for each of up to 4 producer warps of paged_logits_ws
+SCHEDULE_ROW = 8 + 32 * 4
+
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 GENERATED_DIR = Path(__file__).resolve().parent.parent / "generated"
 
@@ -568,6 +572,7 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "wregs_max_n": _wregs_max_n(spec, tune),
         "ws_regs": _ws_regs(tune),
         "sched": bool(tune["sched"]),
+        "sched_row": SCHEDULE_ROW,
         "k_step_bytes": 32,
         "mma_op": _mma_op(spec),
     }

@@ -30,11 +30,10 @@ from pathlib import Path
 import torch
 
 from . import jit
-from .codegen import namespace, render
+from .codegen import SCHEDULE_ROW, namespace, render
 from .spec import Spec, load_spec
 
 _LOCK = threading.Lock()
-SCHEDULE_ROW = 8 + 32 * 4   # int32 per row of a paged_logits_schedule (kSchedRow in layout.h)
 _LOADED: dict[str, "Ops"] = {}
 
 

@@ -37,7 +37,7 @@ constexpr float kAmaxFloor = 1e-4f;
 // (first and last-plus-one schedule unit, first request and unit, that request's length, a tag
 // of the kernel and inputs it was made for, batch, max_context_len) and, for each of up to 4
 // producer warps, the 32 block-table entries of its first window
-constexpr int kSchedRow = 8 + 32 * 4;
+constexpr int kSchedRow = 136;   // dsagen.codegen.SCHEDULE_ROW
 
 // slot = page * kPageSize + offset; byte offsets are 64-bit.
 DSAGEN_HD int64_t key_offset(int64_t slot) {

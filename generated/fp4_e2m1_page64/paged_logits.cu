@@ -211,18 +211,26 @@ ragged_logits_simt(const QT* __restrict__ q, const uint8_t* __restrict__ k, cons
 }
 
 
+// The current device, its compute capability major and SM count (launch() and launch_schedule()
+// choose the same kernel from them).
+static cudaError_t current_device(int* dev, int* major, int* sms) {
+  cudaError_t err = cudaGetDevice(dev);
+  if (err != cudaSuccess) return err;
+  if (*dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, *dev);
+  cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev);
+  return cudaSuccess;
+}
+
 // The schedule the sm_90a kernel that launch<NEXT_N> picks for these lengths would compute
 // (paged_logits_ws_schedule), into sched [sms][kSchedRow]; zeros (a schedule no kernel uses)
 // where that kernel is not paged_logits_ws.
 template <int NEXT_N>
 static cudaError_t launch_schedule(const int* context_lens, bool ctx_2d, const int* block_table, int64_t bt_stride,
                                    int64_t max_context_len, int batch, int* sched, cudaStream_t stream) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  int dev = 0, major = 0, sms = 0;
+  cudaError_t err = current_device(&dev, &major, &sms);
   if (err != cudaSuccess) return err;
-  int major = 0, sms = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   return cudaMemsetAsync(sched, 0, size_t(sms) * kSchedRow * sizeof(int), stream);
 }
 
@@ -231,13 +239,9 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, int64_t num_pa
                           bool ctx_2d, const int* block_table, int64_t bt_stride, float* logits,
                           int64_t max_context_len, int batch, bool clean_logits, const int* sched,
                           cudaStream_t stream) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  int dev = 0, major = 0, sms = 0;
+  cudaError_t err = current_device(&dev, &major, &sms);
   if (err != cudaSuccess) return err;
-  if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  int major = 0, sms = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   constexpr int N = NEXT_N * kNumHeads;
   const int smem = N * kHeadDim * int(sizeof(QT)) + 32 * (kHeadDim + 1) * 4 + 4 * NEXT_N * 32 * 4;
   static bool configured[kMaxDevices] = {};

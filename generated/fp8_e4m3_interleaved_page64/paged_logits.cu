@@ -817,18 +817,26 @@ constexpr int wgmma_smem_bytes() {
 static_assert(wgmma_smem_bytes<1>() == 51712, "dsagen.codegen.wgmma_smem_bytes disagrees");
 static_assert(wgmma_smem_bytes<2>() == 68608, "dsagen.codegen.wgmma_smem_bytes disagrees");
 
+// The current device, its compute capability major and SM count (launch() and launch_schedule()
+// choose the same kernel from them).
+static cudaError_t current_device(int* dev, int* major, int* sms) {
+  cudaError_t err = cudaGetDevice(dev);
+  if (err != cudaSuccess) return err;
+  if (*dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, *dev);
+  cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev);
+  return cudaSuccess;
+}
+
 // The schedule the sm_90a kernel that launch<NEXT_N> picks for these lengths would compute
 // (paged_logits_ws_schedule), into sched [sms][kSchedRow]; zeros (a schedule no kernel uses)
 // where that kernel is not paged_logits_ws.
 template <int NEXT_N>
 static cudaError_t launch_schedule(const int* context_lens, bool ctx_2d, const int* block_table, int64_t bt_stride,
                                    int64_t max_context_len, int batch, int* sched, cudaStream_t stream) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  int dev = 0, major = 0, sms = 0;
+  cudaError_t err = current_device(&dev, &major, &sms);
   if (err != cudaSuccess) return err;
-  int major = 0, sms = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   return cudaMemsetAsync(sched, 0, size_t(sms) * kSchedRow * sizeof(int), stream);
 }
 
@@ -837,13 +845,9 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, int64_t num_pa
                           bool ctx_2d, const int* block_table, int64_t bt_stride, float* logits,
                           int64_t max_context_len, int batch, bool clean_logits, const int* sched,
                           cudaStream_t stream) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  int dev = 0, major = 0, sms = 0;
+  cudaError_t err = current_device(&dev, &major, &sms);
   if (err != cudaSuccess) return err;
-  if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  int major = 0, sms = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   // cp.async moves 16-byte chunks of q and weights and kCopy-byte pieces of keys: inputs not
   // aligned to those (e.g. a layer view of a pool whose page bytes are not a multiple of 16)
   // take the portable kernel

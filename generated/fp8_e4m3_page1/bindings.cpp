@@ -62,6 +62,28 @@ static void check_store(const at::Tensor& k, const at::Tensor& kv_cache, const a
   check_scales("store", kv_cache, kv_scales);
 }
 
+// What paged_logits and paged_logits_schedule (`op`) take alike: next_n in the spec, int32
+// context_lens [B] or [B, next_n], int32 block_table [B, max_pages] with unit column stride and
+// max_context_len in [0, max_pages * page_size], context_lens and block_table on one device.
+static void check_lens(const char* op, const at::Tensor& context_lens, const at::Tensor& block_table, int64_t B,
+                       int64_t next_n, int64_t max_context_len) {
+  bool ok = false;
+  for (int n : kNextN) ok |= (n == next_n);
+  TORCH_CHECK(ok, "fp8_e4m3_page1.", op, ": next_n=", next_n, " is not in the spec's logits.next_n");
+  TORCH_CHECK(context_lens.scalar_type() == at::kInt &&
+              (context_lens.dim() == 1 ? context_lens.size(0) == B
+                                       : (context_lens.dim() == 2 && context_lens.size(0) == B &&
+                                          context_lens.size(1) == next_n)),
+              "fp8_e4m3_page1.", op, ": context_lens must be int32 [B] or [B, next_n] (B=", B, ")");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) == B &&
+              block_table.stride(1) == 1, "fp8_e4m3_page1.", op, ": block_table must be int32 [B, max_pages] with unit column stride");
+  TORCH_CHECK(max_context_len >= 0 && max_context_len <= block_table.size(1) * kPageSize &&
+              max_context_len < (int64_t(1) << 31),
+              "fp8_e4m3_page1.", op, ": max_context_len must be in [0, max_pages * page_size]");
+  TORCH_CHECK(context_lens.device() == block_table.device(),
+              "fp8_e4m3_page1.", op, ": context_lens and block_table must be on one device");
+}
+
 static void check_logits(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& weights,
                          const at::Tensor& context_lens, const at::Tensor& block_table,
                          int64_t max_context_len, const c10::optional<at::Tensor>& kv_scales) {
@@ -69,23 +91,11 @@ static void check_logits(const at::Tensor& q, const at::Tensor& kv_cache, const 
               "fp8_e4m3_page1.paged_logits: q must be [B, next_n, ", kNumHeads, ", ", kHeadDim, "], got ", q.sizes());
   TORCH_CHECK(q.scalar_type() == at::kFloat8_e4m3fn, "fp8_e4m3_page1.paged_logits: q must be torch.float8_e4m3fn, got ", q.scalar_type());
   const int64_t B = q.size(0), next_n = q.size(1);
-  bool ok = false;
-  for (int n : kNextN) ok |= (n == next_n);
-  TORCH_CHECK(ok, "fp8_e4m3_page1.paged_logits: next_n=", next_n, " is not in the spec's logits.next_n");
+  check_lens("paged_logits", context_lens, block_table, B, next_n, max_context_len);
   TORCH_CHECK(weights.scalar_type() == at::kFloat && weights.dim() == 2 && weights.size(0) == B * next_n &&
               weights.size(1) == kNumHeads, "fp8_e4m3_page1.paged_logits: weights must be fp32 [B*next_n, ", kNumHeads, "]");
-  TORCH_CHECK(context_lens.scalar_type() == at::kInt &&
-              (context_lens.dim() == 1 ? context_lens.size(0) == B
-                                       : (context_lens.dim() == 2 && context_lens.size(0) == B &&
-                                          context_lens.size(1) == next_n)),
-              "fp8_e4m3_page1.paged_logits: context_lens must be int32 [B] or [B, next_n]");
-  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) == B &&
-              block_table.stride(1) == 1, "fp8_e4m3_page1.paged_logits: block_table must be int32 [B, max_pages] with unit column stride");
   TORCH_CHECK(kv_cache.scalar_type() == at::kByte && kv_cache.dim() == 2 && kv_cache.size(1) == kPageStride &&
               kv_cache.is_contiguous(), "fp8_e4m3_page1.paged_logits: kv_cache must be contiguous uint8 [num_pages, ", kPageStride, "]");
-  TORCH_CHECK(max_context_len >= 0 && max_context_len <= block_table.size(1) * kPageSize &&
-              max_context_len < (int64_t(1) << 31),
-              "fp8_e4m3_page1.paged_logits: max_context_len must be in [0, max_pages * page_size]");
   TORCH_CHECK(q.device() == kv_cache.device() && weights.device() == kv_cache.device() &&
               context_lens.device() == kv_cache.device() && block_table.device() == kv_cache.device(),
               "fp8_e4m3_page1.paged_logits: q, kv_cache, weights, context_lens and block_table must be on one device");
@@ -112,24 +122,11 @@ static void check_schedule(const at::Tensor& kv_cache, const c10::optional<at::T
 #endif
 }
 
+// paged_logits_schedule's inputs (B = block_table's rows).
 static void check_schedule_inputs(const at::Tensor& context_lens, const at::Tensor& block_table, int64_t next_n,
                                   int64_t max_context_len) {
-  bool ok = false;
-  for (int n : kNextN) ok |= (n == next_n);
-  TORCH_CHECK(ok, "fp8_e4m3_page1.paged_logits_schedule: next_n=", next_n, " is not in the spec's logits.next_n");
-  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1,
-              "fp8_e4m3_page1.paged_logits_schedule: block_table must be int32 [B, max_pages] with unit column stride");
-  const int64_t B = block_table.size(0);
-  TORCH_CHECK(context_lens.scalar_type() == at::kInt &&
-              (context_lens.dim() == 1 ? context_lens.size(0) == B
-                                       : (context_lens.dim() == 2 && context_lens.size(0) == B &&
-                                          context_lens.size(1) == next_n)),
-              "fp8_e4m3_page1.paged_logits_schedule: context_lens must be int32 [B] or [B, next_n] (B = block_table.size(0))");
-  TORCH_CHECK(max_context_len >= 0 && max_context_len <= block_table.size(1) * kPageSize &&
-              max_context_len < (int64_t(1) << 31),
-              "fp8_e4m3_page1.paged_logits_schedule: max_context_len must be in [0, max_pages * page_size]");
-  TORCH_CHECK(context_lens.device() == block_table.device(),
-              "fp8_e4m3_page1.paged_logits_schedule: context_lens and block_table must be on one device");
+  TORCH_CHECK(block_table.dim() == 2, "fp8_e4m3_page1.paged_logits_schedule: block_table must be int32 [B, max_pages]");
+  check_lens("paged_logits_schedule", context_lens, block_table, block_table.size(0), next_n, max_context_len);
 }
 
 // Ragged (prefill) logits: q [S, H, D], k [N, D] in the key dtype or uint8 [N, key bytes],

@@ -797,6 +797,7 @@ __host__ __device__ constexpr int sched_tag(bool ctx_2d) {
   return (((kPageSize << 10) + kSplit) * 256 + NEXT_N) * 2 + (ctx_2d ? 1 : 0);
 }
 static_assert(kPageSize <= 256 && kSplit <= 256, "sched_tag packs them into 31 bits");
+static_assert(kSchedRow == 8 + 32 * 4, "a schedule row: the header, then 32 entries per producer warp");
 static_assert(kMathWGs >= 1 && kMathWGs <= 4, "warpgroup 0 holds one producer warp per math warpgroup");
 constexpr int kScaleTileBytes = kQuantized ? kTile * 4 : 0;
 static_assert(kPageSize % kTile == 0 && kKeyTokenStride % 16 == 0 && kPageStride % 16 == 0 &&
@@ -1191,13 +1192,16 @@ static bool launch_ws(const void* q, const uint8_t* kv_cache, int64_t num_pages,
   if (!encode_map(&kv_map, kv_cache, 3, kv_dims, kv_strides, kv_box) ||
       !encode_map(&q_map, q, 2, q_dims, q_strides, q_box))
     return false;
-  *err = sched != nullptr
-             ? launch_ws_grid<NEXT_N, STAGES, true>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
-                                                    bt_stride, logits, max_context_len, batch, clean_logits, sched,
-                                                    dev, sms, stream)
-             : launch_ws_grid<NEXT_N, STAGES, false>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
-                                                     bt_stride, logits, max_context_len, batch, clean_logits, nullptr,
-                                                     dev, sms, stream);
+  if (sched != nullptr) {
+    *err = launch_ws_grid<NEXT_N, STAGES, true>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
+                                                bt_stride, logits, max_context_len, batch, clean_logits, sched, dev,
+                                                sms, stream);
+    return true;
+  }
+  // (no schedule given, or tuning `sched` off: then a schedule is ignored)
+  *err = launch_ws_grid<NEXT_N, STAGES, false>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
+                                               bt_stride, logits, max_context_len, batch, clean_logits, nullptr, dev,
+                                               sms, stream);
   return true;
 }
 

@@ -852,6 +852,7 @@ __host__ __device__ constexpr int sched_tag(bool ctx_2d) {
   return (((kPageSize << 10) + kSplit) * 256 + NEXT_N) * 2 + (ctx_2d ? 1 : 0);
 }
 static_assert(kPageSize <= 256 && kSplit <= 256, "sched_tag packs them into 31 bits");
+static_assert(kSchedRow == 8 + 32 * 4, "a schedule row: the header, then 32 entries per producer warp");
 static_assert(kMathWGs >= 1 && kMathWGs <= 4, "warpgroup 0 holds one producer warp per math warpgroup");
 constexpr int kScaleTileBytes = kQuantized ? kTile * 4 : 0;
 static_assert(kPageSize % kTile == 0 && kKeyTokenStride % 16 == 0 && kPageStride % 16 == 0 &&
@@ -1287,13 +1288,16 @@ static bool launch_ws(const void* q, const uint8_t* kv_cache, int64_t num_pages,
   if (!encode_map(&kv_map, kv_cache, 3, kv_dims, kv_strides, kv_box) ||
       !encode_map(&q_map, q, 2, q_dims, q_strides, q_box))
     return false;
-  *err = sched != nullptr
-             ? launch_ws_grid<NEXT_N, STAGES, true>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
-                                                    bt_stride, logits, max_context_len, batch, clean_logits, sched,
-                                                    dev, sms, stream)
-             : launch_ws_grid<NEXT_N, STAGES, false>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
-                                                     bt_stride, logits, max_context_len, batch, clean_logits, nullptr,
-                                                     dev, sms, stream);
+  if (sched != nullptr) {
+    *err = launch_ws_grid<NEXT_N, STAGES, true>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
+                                                bt_stride, logits, max_context_len, batch, clean_logits, sched, dev,
+                                                sms, stream);
+    return true;
+  }
+  // (no schedule given, or tuning `sched` off: then a schedule is ignored)
+  *err = launch_ws_grid<NEXT_N, STAGES, false>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
+                                               bt_stride, logits, max_context_len, batch, clean_logits, nullptr, dev,
+                                               sms, stream);
   return true;
 }
 
@@ -1323,18 +1327,26 @@ static bool small_work(int batch, int64_t max_context_len, int sms) {
   return int64_t(batch) * ((max_context_len + kTile - 1) / kTile) <= int64_t(40) * sms;
 }
 
+// The current device, its compute capability major and SM count (launch() and launch_schedule()
+// choose the same kernel from them).
+static cudaError_t current_device(int* dev, int* major, int* sms) {
+  cudaError_t err = cudaGetDevice(dev);
+  if (err != cudaSuccess) return err;
+  if (*dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, *dev);
+  cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev);
+  return cudaSuccess;
+}
+
 // The schedule the sm_90a kernel that launch<NEXT_N> picks for these lengths would compute
 // (paged_logits_ws_schedule), into sched [sms][kSchedRow]; zeros (a schedule no kernel uses)
 // where that kernel is not paged_logits_ws.
 template <int NEXT_N>
 static cudaError_t launch_schedule(const int* context_lens, bool ctx_2d, const int* block_table, int64_t bt_stride,
                                    int64_t max_context_len, int batch, int* sched, cudaStream_t stream) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  int dev = 0, major = 0, sms = 0;
+  cudaError_t err = current_device(&dev, &major, &sms);
   if (err != cudaSuccess) return err;
-  int major = 0, sms = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (major == 9 && small_work(batch, max_context_len, sms) &&
       small::launch_ws_schedule_small(NEXT_N, context_lens, ctx_2d, block_table, bt_stride, max_context_len, batch,
                                       sched, sms, stream, &err))
@@ -1352,13 +1364,9 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, int64_t num_pa
                           bool ctx_2d, const int* block_table, int64_t bt_stride, float* logits,
                           int64_t max_context_len, int batch, bool clean_logits, const int* sched,
                           cudaStream_t stream) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  int dev = 0, major = 0, sms = 0;
+  cudaError_t err = current_device(&dev, &major, &sms);
   if (err != cudaSuccess) return err;
-  if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  int major = 0, sms = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   // tuning `small`: the small-work kernel
   if (major == 9 && small_work(batch, max_context_len, sms) &&
       small::launch_ws_small(NEXT_N, q, kv_cache, num_pages, weights, context_lens, ctx_2d, block_table, bt_stride,
