@@ -5,7 +5,9 @@
 //   (math warpgroup 0), 4 its first tile done, 5 its last tile done, 6 the last math
 //   warpgroup's last tile done, 7 producer warp 0's last TMA issued; slot 8: the CTA's SM (%smid);
 //   9 every warp's context_lens read back (after the schedule's first block barrier), 10 the
-//   CTA's share of the units known.
+//   CTA's share of the units known; 11 producer warp 0 past its setmaxnreg, 12 its q TMA issued,
+//   13 its first page known (the block-table entry of its first tile), 14 math warpgroup 0 past
+//   its setmaxnreg, 15 its first q arrived.
 //   (Mark 4 is only recorded by the plain tile loop: not with tuning `mma_ahead`, the default of
 //   the 3-warpgroup fp8 kernel at next_n 1 and of the 16-bit keys' kernel.)
 // Usage: timeline B CTX NEXT_N [REPS] (env TIMELINE_SCHED=1: from precomputed schedules; marks 9
@@ -106,7 +108,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 3 * kSets; ++i) launch(sets[i % kSets]);
   CHECK(cudaStreamSynchronize(st));
 
-  constexpr int kMarks = 11, kStride = 16, kMaxCtas = 1024, kMaxSms = 1024;
+  constexpr int kMarks = 16, kStride = 16, kMaxCtas = 1024, kMaxSms = 1024;
   std::vector<unsigned long long> zero(kMaxCtas * kStride, 0ull), tl(kMaxCtas * kStride);
   static_assert(sizeof(ns::dsagen_timeline) == kMaxCtas * kStride * 8, "the template's timeline array changed");
   std::vector<double> sm_sum[2], sm_n[2];          // per SM: normalized finish, even / odd runs
@@ -187,10 +189,11 @@ int main(int argc, char** argv) {
          next_n, med(tv), *std::min_element(tv.begin(), tv.end()), reps, bytes / 1e6, bytes / med(tv) / 1e3);
   const char* names[kMarks] = {"CTA start", "schedule known", "first TMA issued", "first keys arrived",
                                "first tile done", "WG0 last tile done", "last WG done", "last TMA issued",
-                               "(SM id)", "context_lens back", "CTA's share known"};
+                               "(SM id)", "context_lens back", "CTA's share known", "producer regs set",
+                               "q TMA issued", "first page known", "math regs set", "q arrived"};
   printf("%-20s %8s %8s %8s   (us after the earliest CTA start; medians over runs)\n", "mark", "min", "median",
          "max");
-  for (int m : {0, 9, 10, 1, 2, 3, 4, 5, 6, 7})        // in the order they happen
+  for (int m : {0, 9, 10, 1, 11, 14, 12, 13, 2, 15, 3, 4, 5, 6, 7})        // in the order they happen
     if (!md[m].empty()) printf("%-20s %8.2f %8.2f %8.2f\n", names[m], med(mn[m]), med(md[m]), med(mx[m]));
   // does an SM's finish repeat? (correlation over SMs seen in both halves)
   std::vector<std::pair<double, int>> both;

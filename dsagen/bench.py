@@ -26,7 +26,8 @@ is the like-for-like comparison.
 
 Bytes per row are the minimal traffic (:func:`paged_logits_bytes`, :func:`store_bytes`). A
 paged-logits row on CUDA also names the kernel that ran (``kernel``:
-:func:`dsagen.codegen.paged_logits_kernel`, e.g. ``"ws (small)"``).
+:func:`dsagen.codegen.paged_logits_kernel`, e.g. ``"ws (small)"``) and, for those, whether its key
+copies carry the L2 evict-first policy (``kv_evict_first``: :func:`dsagen.codegen.kv_evict_first_applies`).
 The pure pieces (shapes, byte formulas, input construction, table formatting, :class:`Bench` with
 a host timer) run on CPU tensors too, which is how ``tests/test_bench.py`` checks them.
 """
@@ -710,10 +711,13 @@ class Bench:
         row.update(n_sets=n, sets_mb=round(n * set_bytes / 1e6, 1), max_context_len=max_len,
                    sum_context_lens=sets[0]["sum_context_lens"])
         if self.device.type == "cuda":   # which kernel the launch picks (dsagen.codegen)
-            from .codegen import paged_logits_kernel
+            from .codegen import kv_evict_first_applies, paged_logits_kernel
             props = torch.cuda.get_device_properties(self.device)
             row["kernel"] = paged_logits_kernel(spec, nn, B, max_len, props.multi_processor_count,
                                                 props.major, getattr(ops, "tuning", None))
+            if row["kernel"].startswith("ws"):
+                row["kv_evict_first"] = kv_evict_first_applies(spec, nn, B, max_len, props.L2_cache_size,
+                                                               getattr(ops, "tuning", None))
         args = [(s["q"], s["kv_cache"], s["weights"], s["context_lens"], s["block_table"])
                 for s in sets]
         # kv_scales only where the spec has them (the op refuses it otherwise)

@@ -212,6 +212,17 @@ def paged_logits_kernel(spec: Spec, next_n: int, batch: int, max_context_len: in
     return "ws" if ws_stages(spec, next_n, tuning) > 0 else "wgmma"
 
 
+def kv_evict_first_applies(spec: Spec, next_n: int, batch: int, max_context_len: int, l2_bytes: int,
+                           tuning: dict[str, Any] | None = None) -> bool:
+    """Whether a ``paged_logits_ws`` call gives its key and scale copies the L2 evict-first
+    policy (tuning ``kv_evict_first``; the launch's rule: the logits, ``batch * next_n *
+    max_context_len * 4`` bytes, at most that fraction of the device's L2 of ``l2_bytes``)."""
+    frac = _kv_evict_first(effective_tuning(spec, tuning))
+    if frac == 0:
+        return False
+    return frac < 0 or batch * next_n * max_context_len * 4 <= frac * max(1, l2_bytes)
+
+
 def default_tuning(spec: Spec) -> dict[str, Any]:
     """Tuning of the sm_90a kernels.
 
@@ -286,6 +297,14 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     when a schedule is given; calls without one run the same code as with False); False builds
     only the kernel that computes its own schedule (the argument is then ignored and the schedule
     op returns zeros).
+    ``kv_evict_first``: the ``ws`` kernel's key and scale copies (read once) carry the L2
+    evict-first cache policy where the call's logits (``B * next_n * max_context_len * 4`` bytes)
+    are at most this fraction of the device's L2 (True: always; False or 0: never, the copies
+    without a cache hint). The logits then stay in the L2: the next kernel reads them there, and
+    the previous call's logits buffer is overwritten there instead of being written back. Default
+    0.5 (H200, fp8, interleaved, with a schedule: 0.7-1.9 us faster at B=32 and 128 ctx 8192 and
+    B=32 ctx 32768, 5-6 % at B=32 ctx 8192; 1.3 % slower at B=128 ctx 32768 next_n 2, whose 33.5
+    MB of logits do not fit; see benchmarks/RESULTS.md, fifteenth session).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
@@ -312,7 +331,7 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "math": True, "fuse": 128, "maxnreg": 232 if wide else 0, "chains": 0,
             "wregs": True, "loop": "request", "mma_ahead": ahead,
             "small": small, "small_tiles": 40,
-            "store_passes": 1, "sched": True,
+            "store_passes": 1, "sched": True, "kv_evict_first": 0.5,
             "store_lanes": 4 if _store_vec(spec) >= 8 else 16}
 
 
@@ -332,6 +351,7 @@ def _check_counts(tune: dict[str, Any]) -> None:
     v = tune["store_lanes"]
     if isinstance(v, bool) or v not in (2, 4, 8, 16, 32):
         raise ValueError(f"tuning store_lanes={v!r}: must be 2, 4, 8, 16 or 32")
+    _kv_evict_first(tune)
     _loop(tune)
 
 
@@ -403,6 +423,19 @@ def _one_chain(spec: Spec, tune: dict[str, Any], next_n: int) -> bool:
     return not _promote_steps(spec, tune) and (
         (next_n == 1 and chains <= 1)
         or (next_n > 1 and chains == 0 and next_n * spec.num_heads <= _fuse_max_n(spec, tune)))
+
+
+def _kv_evict_first(tune: dict[str, Any]) -> float:
+    """Tuning ``kv_evict_first`` as the template takes it: 0.0 off, -1.0 always, else the largest
+    logits output (bytes) that gets the hint, as a fraction of the device's L2. ValueError where
+    it is not a bool or a number in (0, 16]."""
+    v = tune["kv_evict_first"]
+    if isinstance(v, bool):
+        return -1.0 if v else 0.0
+    if not isinstance(v, (int, float)) or not 0 <= v <= 16 or v != v:
+        raise ValueError(f"tuning kv_evict_first={v!r}: must be true, false or a fraction of the L2 "
+                         f"in (0, 16]")
+    return float(v)
 
 
 def _loop(tune: dict[str, Any]) -> str:
@@ -572,6 +605,8 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "wregs_max_n": _wregs_max_n(spec, tune),
         "ws_regs": _ws_regs(tune),
         "sched": bool(tune["sched"]),
+        "kv_evict_first": _kv_evict_first(tune) != 0,
+        "kv_evict_first_l2": _kv_evict_first(tune),
         "sched_row": SCHEDULE_ROW,
         "k_step_bytes": 32,
         "mma_op": _mma_op(spec),

@@ -121,6 +121,32 @@ def test_tunings_the_registers_cannot_hold_are_capped_or_refused():
             render(spec, bad)
 
 
+def test_kv_evict_first_tuning():
+    # default: the key / scale copies carry an L2 policy chosen per call from the logits' size
+    spec = dsagen.load_spec(SPECS["fp8_e4m3_page64"])
+    for name in ("paged_logits.cu", "paged_logits_small.cu"):
+        src = render(spec)[name]
+        assert "if constexpr (HINT) kv_policy = l2_policy_evict_first();" in src
+        assert "page, kv_policy);" in src and "kScaleTileBytes, full + t, kv_policy);" in src
+    assert "return double(logits_bytes) <= 0.5 * double(l2[dev]);" in render(spec)["paged_logits.cu"]
+    assert "(void)logits_bytes;\n  return true;" in render(spec, {"kv_evict_first": True})["paged_logits.cu"]
+    # off: the copies without a cache hint, and no kernel parameter for it
+    src = render(spec, {"kv_evict_first": False})["paged_logits.cu"]
+    assert "kv_policy" not in src and "bool HINT" not in src and "(void)logits_bytes;\n  return false;" in src
+    assert render(spec, {"kv_evict_first": 0})["paged_logits.cu"] == src.replace(
+        namespace(spec, {"kv_evict_first": False}), namespace(spec, {"kv_evict_first": 0}))
+    for bad in (-0.5, 17, "yes", float("nan"), None):
+        with pytest.raises(ValueError, match="kv_evict_first"):
+            render(spec, {"kv_evict_first": bad})
+    # the launch's rule, as dsagen bench reports it: logits of at most half the L2 by default
+    from dsagen.codegen import kv_evict_first_applies
+    l2 = 60 << 20
+    assert kv_evict_first_applies(spec, 1, 128, 32768, l2)            # 16.8 MB of logits
+    assert not kv_evict_first_applies(spec, 2, 128, 32768, l2)        # 33.6 MB
+    assert kv_evict_first_applies(spec, 2, 128, 32768, l2, {"kv_evict_first": True})
+    assert not kv_evict_first_applies(spec, 1, 1, 64, l2, {"kv_evict_first": False})
+
+
 @pytest.mark.parametrize("name, lanes", [("fp8_e4m3_page64", 4), ("bf16_page64", 4), ("fp8_e4m3_ue8m0_page64", 4),
                                          ("fp8_e4m3_interleaved_page64", 16), ("fp8_e4m3_page1", 16),
                                          ("fp4_e2m1_page64", 16)])

@@ -38,9 +38,9 @@ constexpr int kRowBytes = kKeyBytes;        // bytes of one key row (and one q r
 constexpr int kTile = 64;                   // keys per tile (WGMMA M)
 #define kNegInf __int_as_float(0xff800000)
 // benchmarks/timeline.py only (never defined by the dsagen build): with -DDSAGEN_TIMELINE the
-// warp-specialized kernel records %globaltimer (ns) at 10 points per CTA into dsagen_timeline
+// warp-specialized kernel records %globaltimer (ns) at 15 points per CTA into dsagen_timeline
 // (DSAGEN_MARK(i, cond): the thread where cond holds writes slot i of its CTA's 16: marks 0-7,
-// 9 and 10; mark 0 also its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing); otherwise the
+// 9-15; mark 0 also its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing); otherwise the
 // marks compile to nothing.
 #ifdef DSAGEN_TIMELINE
 __device__ unsigned long long dsagen_timeline[1024 * 16];
@@ -894,6 +894,24 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, { %3, %4 }], [%2];\n"
                ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1) : "memory");
 }
+// The same two copies with an L2 cache policy (tuning `kv_evict_first`: where the call's logits
+// fit in the L2, the keys and scales, read once, are made its first victims, so that the logits
+// stay there for the next kernel, and the logits buffer of the previous call is overwritten in
+// the L2 instead of being written back to memory).
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                            uint64_t policy) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, { %3, %4, %5 }], [%2], %6;\n"
+               ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(policy) : "memory");
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy) : "memory");
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
@@ -916,8 +934,10 @@ __device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, const float* ssca
 // (kKeyTokenStride, kPageStride), box (128, 64, 1), 128B swizzle. q_map: q as a 2-D uint8
 // tensor (kRowBytes, B * NEXT_N * kNumHeads), box (128, kNumHeads), 128B swizzle. SCHED: the
 // instantiation launched with a precomputed schedule `sched` (the other never reads it, so a call
-// without one runs the same code as before the schedule existed).
-template <int NEXT_N, int STAGES, bool SCHED>
+// without one runs the same code as before the schedule existed). HINT (tuning `kv_evict_first`):
+// the instantiation whose key and scale copies carry the L2 evict-first policy (the other has no
+// cache hint, as before the tuning existed).
+template <int NEXT_N, int STAGES, bool SCHED, bool HINT>
 __global__ void __launch_bounds__(kWsThreads, 1)
 paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap q_map,
                 const uint8_t* __restrict__ kv_cache, const float* __restrict__ weights,
@@ -998,12 +1018,15 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     // loads q and the weights of each request. Lane 0 issues; the lanes hold 32 block-table
     // entries at a time.
     const int w = warp;
+    DSAGEN_MARK(11, w == 0 && lane == 0);                               // (timeline: producer registers set)
     if (lo < hi) {
       Cursor<NEXT_N, kSplit> cur{first_b, first_split, 0};
       cur.len = have_sched ? sh1.x : request_len<NEXT_N>(context_lens, ctx_2d, cur.b, max_len);
       int phase = -1, prev_b = -1;
       int win_base = 0, win = 0;                       // lane l: page of page index win_base + l
       int stage = 0, use = 0;                          // next stage of warpgroup w and its use count
+      uint64_t kv_policy = 0;
+      if constexpr (HINT) kv_policy = l2_policy_evict_first();
       for (int u = lo; u < hi; ++u) {
         const int b = cur.b;
         // a stale schedule (made for longer lengths) can outrun the requests: stop, as the math
@@ -1025,6 +1048,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
                               kc * 128, (b * NEXT_N + i) * kNumHeads);
               bulk_load(sw + slot * N, weights + int64_t(b) * N, N * 4, q_full + slot);
             }
+            DSAGEN_MARK(12, lane == 0 && phase == 0);                   // (timeline: q TMA issued)
           }
           prev_b = b;
           win_base = -(1 << 30);
@@ -1041,18 +1065,27 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
             win = (pidx + lane) * kPageSize < cur.len ? __ldg(bt + pidx + lane) : 0;
           }
           const int page = __shfl_sync(0xffffffffu, win, pidx - win_base);
+          DSAGEN_MARK(13, w == 0 && lane == 0 && stage == 0 && use == 0 && page != -1);  // (timeline: first page known)
           const int t = w * STAGES + stage;
           if (use >= 1) mbar_wait(empty + t, (use - 1) & 1);
           if (lane == 0) {
             mbar_expect_tx(full + t, kTileBytes + kScaleTileBytes);
             uint8_t* dst = sk + t * kTileBytes;
 #pragma unroll
-            for (int kc = 0; kc < kRowBytes / 128; ++kc)
-              tma_load_3d(dst + kc * kTile * 128, &kv_map, full + t, kc * 128, tile * kTile % kPageSize, page);
-            if (kQuantized)
-              bulk_load(sscale + t * kTile,
-                        kv_cache + int64_t(page) * kPageStride + kScaleBase + (tile * kTile % kPageSize) * 4,
-                        kScaleTileBytes, full + t);
+            for (int kc = 0; kc < kRowBytes / 128; ++kc) {
+              // (no hint, rather than an explicit evict_normal policy: 12 % faster at B=128 ctx 65536)
+              if constexpr (HINT)
+                tma_load_3d(dst + kc * kTile * 128, &kv_map, full + t, kc * 128, tile * kTile % kPageSize, page, kv_policy);
+              else
+                tma_load_3d(dst + kc * kTile * 128, &kv_map, full + t, kc * 128, tile * kTile % kPageSize, page);
+            }
+            if (kQuantized) {
+              const uint8_t* src = kv_cache + int64_t(page) * kPageStride + kScaleBase + (tile * kTile % kPageSize) * 4;
+              if constexpr (HINT)
+                bulk_load(sscale + t * kTile, src, kScaleTileBytes, full + t, kv_policy);
+              else
+                bulk_load(sscale + t * kTile, src, kScaleTileBytes, full + t);
+            }
           }
           DSAGEN_MARK(2, w == 0 && lane == 0 && stage == 0 && use == 0);   // (timeline: first TMA issued)
           if (++stage == STAGES) { stage = 0; ++use; }
@@ -1073,6 +1106,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     fill_tail<NEXT_N>(context_lens, ctx_2d, batch, max_len, logits, max_context_len, tid, 128);
   } else if (lo < hi) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    DSAGEN_MARK(14, tid == 128);                                        // (timeline: math registers set)
     // ---- math warpgroup w: tile w of every split -----------------------------------------------
     // Tuning loop=request: the requests in schedule order (as Cursor walks them: those without
     // keys skipped); in each, a plain loop over this warpgroup's tiles, the request's values (q
@@ -1092,6 +1126,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       const int len = have_sched && phase == 0 ? sh1.x : request_len<NEXT_N>(context_lens, ctx_2d, b, max_len);
       const int u_end = min((len + kSplit - 1) / kSplit, u + (hi - g));
       mbar_wait(q_full + (phase & 1), (phase >> 1) & 1);
+      DSAGEN_MARK(15, tid == 128 && phase == 0);                        // (timeline: q here)
 #pragma unroll
       for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
       if constexpr (kWRegsFor<NEXT_N>) {   // this thread's weights: head pairs 8j + 2*quad + {0,1} of each position
@@ -1247,7 +1282,7 @@ static bool encode_map(CUtensorMap* map, const void* ptr, int rank, const cuuint
 }
 
 // The launch of one paged_logits_ws instantiation (its shared-memory opt-in once per device).
-template <int NEXT_N, int STAGES, bool SCHED>
+template <int NEXT_N, int STAGES, bool SCHED, bool HINT>
 static cudaError_t launch_ws_grid(const CUtensorMap& kv_map, const CUtensorMap& q_map, const uint8_t* kv_cache,
                                   const float* weights, const int* context_lens, bool ctx_2d, const int* block_table,
                                   int64_t bt_stride, float* logits, int64_t max_context_len, int batch,
@@ -1255,12 +1290,12 @@ static cudaError_t launch_ws_grid(const CUtensorMap& kv_map, const CUtensorMap& 
   static bool configured[kMaxDevices] = {};
   const int smem = ws_smem_bytes<NEXT_N, STAGES>();
   if (!configured[dev]) {
-    const cudaError_t err = cudaFuncSetAttribute(paged_logits_ws<NEXT_N, STAGES, SCHED>,
+    const cudaError_t err = cudaFuncSetAttribute(paged_logits_ws<NEXT_N, STAGES, SCHED, HINT>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
     configured[dev] = true;
   }
-  paged_logits_ws<NEXT_N, STAGES, SCHED><<<sms, kWsThreads, smem, stream>>>(
+  paged_logits_ws<NEXT_N, STAGES, SCHED, HINT><<<sms, kWsThreads, smem, stream>>>(
       kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits, max_context_len,
       batch, clean_logits, sched);
   return cudaGetLastError();
@@ -1270,8 +1305,8 @@ static cudaError_t launch_ws_grid(const CUtensorMap& kv_map, const CUtensorMap& 
 template <int NEXT_N, int STAGES>
 static bool launch_ws(const void* q, const uint8_t* kv_cache, int64_t num_pages, const float* weights,
                       const int* context_lens, bool ctx_2d, const int* block_table, int64_t bt_stride, float* logits,
-                      int64_t max_context_len, int batch, bool clean_logits, const int* sched, int dev, int sms,
-                      cudaStream_t stream, cudaError_t* err) {
+                      int64_t max_context_len, int batch, bool clean_logits, const int* sched, bool kv_hint, int dev,
+                      int sms, cudaStream_t stream, cudaError_t* err) {
   constexpr int N = NEXT_N * kNumHeads;
   if (((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(weights) |
         reinterpret_cast<uintptr_t>(kv_cache)) & 15) != 0 || num_pages < 1 || num_pages > (int64_t(1) << 31) ||
@@ -1287,16 +1322,21 @@ static bool launch_ws(const void* q, const uint8_t* kv_cache, int64_t num_pages,
   if (!encode_map(&kv_map, kv_cache, 3, kv_dims, kv_strides, kv_box) ||
       !encode_map(&q_map, q, 2, q_dims, q_strides, q_box))
     return false;
+  // tuning `kv_evict_first`: the instantiation with the L2 evict-first copies where kv_hint
+#define DSAGEN_WS_GRID(SCHED_, sched_)                                                                              \
+  (kv_hint ? launch_ws_grid<NEXT_N, STAGES, SCHED_, true>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d,   \
+                                                          block_table, bt_stride, logits, max_context_len, batch,   \
+                                                          clean_logits, sched_, dev, sms, stream)                   \
+           : launch_ws_grid<NEXT_N, STAGES, SCHED_, false>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d,  \
+                                                           block_table, bt_stride, logits, max_context_len, batch,  \
+                                                           clean_logits, sched_, dev, sms, stream))
   if (sched != nullptr) {
-    *err = launch_ws_grid<NEXT_N, STAGES, true>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
-                                                bt_stride, logits, max_context_len, batch, clean_logits, sched, dev,
-                                                sms, stream);
+    *err = DSAGEN_WS_GRID(true, sched);
     return true;
   }
   // (no schedule given, or tuning `sched` off: then a schedule is ignored)
-  *err = launch_ws_grid<NEXT_N, STAGES, false>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
-                                               bt_stride, logits, max_context_len, batch, clean_logits, nullptr, dev,
-                                               sms, stream);
+  *err = DSAGEN_WS_GRID(false, nullptr);
+#undef DSAGEN_WS_GRID
   return true;
 }
 
@@ -1318,6 +1358,19 @@ static cudaError_t current_device(int* dev, int* major, int* sms) {
   cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, *dev);
   cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev);
   return cudaSuccess;
+}
+
+// Whether paged_logits_ws gives its key and scale copies the L2 evict-first policy (tuning
+// `kv_evict_first`: where the call's logits, `logits_bytes`, are at most 0.5 of device
+// `dev`'s L2).
+static bool kv_hint_for(int dev, int64_t logits_bytes) {
+  static int l2[kMaxDevices] = {};
+  if (l2[dev] == 0) {
+    int v = 0;
+    cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev);
+    l2[dev] = v > 0 ? v : 1;
+  }
+  return double(logits_bytes) <= 0.5 * double(l2[dev]);
 }
 
 // The schedule the sm_90a kernel that launch<NEXT_N> picks for these lengths would compute
@@ -1345,11 +1398,12 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, int64_t num_pa
   int dev = 0, major = 0, sms = 0;
   cudaError_t err = current_device(&dev, &major, &sms);
   if (err != cudaSuccess) return err;
+  const bool kv_hint = kv_hint_for(dev, int64_t(batch) * NEXT_N * max_context_len * 4);
   if constexpr (kWsStagesFor<NEXT_N> > 0) {
     // TMA needs 16-byte aligned q, weights and kv_cache; otherwise the kernel below runs
     if (major == 9 && launch_ws<NEXT_N, kWsStagesFor<NEXT_N>>(q, kv_cache, num_pages, weights, context_lens, ctx_2d,
                                                               block_table, bt_stride, logits, max_context_len, batch,
-                                                              clean_logits, sched, dev, sms, stream, &err))
+                                                              clean_logits, sched, kv_hint, dev, sms, stream, &err))
       return err;
   }
   // cp.async moves 16-byte chunks of q and weights and kCopy-byte pieces of keys: inputs not

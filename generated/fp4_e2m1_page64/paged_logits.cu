@@ -33,9 +33,9 @@ constexpr int kRowBytes = kKeyBytes;        // bytes of one key row (and one q r
 constexpr int kTile = 64;                   // keys per tile (WGMMA M)
 #define kNegInf __int_as_float(0xff800000)
 // benchmarks/timeline.py only (never defined by the dsagen build): with -DDSAGEN_TIMELINE the
-// warp-specialized kernel records %globaltimer (ns) at 10 points per CTA into dsagen_timeline
+// warp-specialized kernel records %globaltimer (ns) at 15 points per CTA into dsagen_timeline
 // (DSAGEN_MARK(i, cond): the thread where cond holds writes slot i of its CTA's 16: marks 0-7,
-// 9 and 10; mark 0 also its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing); otherwise the
+// 9-15; mark 0 also its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing); otherwise the
 // marks compile to nothing.
 #ifdef DSAGEN_TIMELINE
 __device__ unsigned long long dsagen_timeline[1024 * 16];
