@@ -302,8 +302,8 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     are at most this fraction of the device's L2 (True: always; False or 0: never, the copies
     without a cache hint). The logits then stay in the L2: the next kernel reads them there, and
     the previous call's logits buffer is overwritten there instead of being written back. Default
-    0.5 (H200, fp8, interleaved, with a schedule: 0.6-2.0 us faster at B=32 and 128 ctx 8192 and
-    B=32 ctx 32768, 5-6 % at B=32 ctx 8192; 1.1-1.5 % slower at B=128 ctx 32768 next_n 2, whose 33.5
+    0.5 (H200, fp8, interleaved, with a schedule: 0.8-2.0 us faster at B=32 and 128 ctx 8192 and
+    B=32 ctx 32768, 5-6 % at B=32 ctx 8192; 1.1-1.3 % slower at B=128 ctx 32768 next_n 2, whose 33.6
     MB of logits do not fit; see benchmarks/RESULTS.md, fifteenth session).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
