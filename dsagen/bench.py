@@ -716,7 +716,8 @@ class Bench:
             row["kernel"] = paged_logits_kernel(spec, nn, B, max_len, props.multi_processor_count,
                                                 props.major, getattr(ops, "tuning", None))
             if row["kernel"].startswith("ws"):
-                row["kv_evict_first"] = kv_evict_first_applies(spec, nn, B, max_len, props.L2_cache_size,
+                row["kv_evict_first"] = kv_evict_first_applies(spec, nn, B, max_len,
+                                                               getattr(props, "L2_cache_size", 0),
                                                                getattr(ops, "tuning", None))
         args = [(s["q"], s["kv_cache"], s["weights"], s["context_lens"], s["block_table"])
                 for s in sets]

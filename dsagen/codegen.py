@@ -302,7 +302,7 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     are at most this fraction of the device's L2 (True: always; False or 0: never, the copies
     without a cache hint). The logits then stay in the L2: the next kernel reads them there, and
     the previous call's logits buffer is overwritten there instead of being written back. Default
-    0.5 (H200, fp8, interleaved, with a schedule: 0.8-2.0 us faster at B=32 and 128 ctx 8192 and
+    0.5 (H200, fp8_e4m3_page64, interleaved A/B, with a schedule: 0.8-2.0 us faster at B=32 and 128 ctx 8192 and
     B=32 ctx 32768, 5-6 % at B=32 ctx 8192; 1.1-1.3 % slower at B=128 ctx 32768 next_n 2, whose 33.6
     MB of logits do not fit; see benchmarks/RESULTS.md, fifteenth session).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
@@ -428,13 +428,13 @@ def _one_chain(spec: Spec, tune: dict[str, Any], next_n: int) -> bool:
 def _kv_evict_first(tune: dict[str, Any]) -> float:
     """Tuning ``kv_evict_first`` as the template takes it: 0.0 off, -1.0 always, else the largest
     logits output (bytes) that gets the hint, as a fraction of the device's L2. ValueError where
-    it is not a bool or a number in (0, 16]."""
+    it is not a bool, 0 or a number in (0, 16]."""
     v = tune["kv_evict_first"]
     if isinstance(v, bool):
         return -1.0 if v else 0.0
     if not isinstance(v, (int, float)) or not 0 <= v <= 16 or v != v:
-        raise ValueError(f"tuning kv_evict_first={v!r}: must be true, false or a fraction of the L2 "
-                         f"in (0, 16]")
+        raise ValueError(f"tuning kv_evict_first={v!r}: must be true, false (or 0) or a fraction "
+                         f"of the L2 in (0, 16]")
     return float(v)
 
 

@@ -130,7 +130,7 @@ def test_kv_evict_first_tuning():
         assert "page, kv_policy);" in src and "kScaleTileBytes, full + t, kv_policy);" in src
     assert "return double(logits_bytes) <= 0.5 * double(l2[dev]);" in render(spec)["paged_logits.cu"]
     assert "(void)logits_bytes;\n  return true;" in render(spec, {"kv_evict_first": True})["paged_logits.cu"]
-    # off: the copies without a cache hint, and no kernel parameter for it
+    # off: the copies without a cache hint, and no HINT instantiation
     src = render(spec, {"kv_evict_first": False})["paged_logits.cu"]
     assert "kv_policy" not in src and "bool HINT" not in src and "(void)logits_bytes;\n  return false;" in src
     assert render(spec, {"kv_evict_first": 0})["paged_logits.cu"] == src.replace(

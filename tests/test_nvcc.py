@@ -42,6 +42,18 @@ def test_nvcc_compiles_variant(variant_spec, nvcc, tmp_path):
     _compile(variant_spec, tmp_path)
 
 
+def test_nvcc_compiles_small_ws_under_another_main_kernel(nvcc, tmp_path):
+    # a small-work ws kernel under a main kernel that is not ws: the launch still chooses the L2
+    # hint (tuning kv_evict_first) for the small kernel
+    import dsagen
+    from conftest import SPECS
+    spec = dsagen.load_spec(SPECS["fp8_e4m3_page64"])
+    tuning = {"kernel": "wgmma", "small": {"kernel": "ws"}}
+    results = nvcc_compile_only(render(spec, tuning), ["sm_90a"], workdir=tmp_path)
+    bad = [r for r in results if not r.ok]
+    assert results and not bad, "\n\n".join(f"{r.source} for {r.arch} failed:\n{r.log[-6000:]}" for r in bad)
+
+
 # The CPU torch wheel ships ATen/c10 CUDA headers but not the CUDA libraries' headers they
 # include; these stand-ins declare just the handle and status types the headers name, so the
 # host side of the CUDA build (bindings.cpp with DSAGEN_WITH_CUDA) can be compiled here.
