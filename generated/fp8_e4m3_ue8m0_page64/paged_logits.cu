@@ -898,27 +898,35 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, { %3, %4 }], [%2];\n"
                ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1) : "memory");
 }
-// The same two copies with an L2 cache policy (tuning `kv_evict_first`: where the call's logits
-// fit in the L2, the keys and scales, read once, are made its first victims, so that the logits
-// stay there for the next kernel, and the logits buffer of the previous call is overwritten in
-// the L2 instead of being written back to memory).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+// The same two copies with the L2 cache policy `policy` where HINT, else the plain ones above
+// (tuning `kv_evict_first`: where the call's logits fit in the L2, the keys and scales, read
+// once, are made its first victims, so that the logits stay there for the next kernel, and the
+// logits buffer of the previous call is overwritten in the L2 instead of being written back).
+template <bool HINT>
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
                                             uint64_t policy) {
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, { %3, %4, %5 }], [%2], %6;\n"
-               ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(policy) : "memory");
+  if constexpr (HINT)
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, { %3, %4, %5 }], [%2], %6;\n"
+                 ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(policy) : "memory");
+  else
+    tma_load_3d(dst, map, bar, c0, c1, c2);
 }
+template <bool HINT>
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
-               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy) : "memory");
+  if constexpr (HINT)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy) : "memory");
+  else
+    bulk_load(dst, src, bytes, bar);
 }
 __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
 
 // Waits for the keys of a math warpgroup's tile number `count` (stage count % STAGES of its
@@ -1076,19 +1084,12 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
             mbar_expect_tx(full + t, kTileBytes + kScaleTileBytes);
             uint8_t* dst = sk + t * kTileBytes;
 #pragma unroll
-            for (int kc = 0; kc < kRowBytes / 128; ++kc) {
-              if constexpr (HINT)
-                tma_load_3d(dst + kc * kTile * 128, &kv_map, full + t, kc * 128, tile * kTile % kPageSize, page, kv_policy);
-              else
-                tma_load_3d(dst + kc * kTile * 128, &kv_map, full + t, kc * 128, tile * kTile % kPageSize, page);
-            }
-            if (kQuantized) {
-              const uint8_t* src = kv_cache + int64_t(page) * kPageStride + kScaleBase + (tile * kTile % kPageSize) * 4;
-              if constexpr (HINT)
-                bulk_load(sscale + t * kTile, src, kScaleTileBytes, full + t, kv_policy);
-              else
-                bulk_load(sscale + t * kTile, src, kScaleTileBytes, full + t);
-            }
+            for (int kc = 0; kc < kRowBytes / 128; ++kc)
+              tma_load_3d<HINT>(dst + kc * kTile * 128, &kv_map, full + t, kc * 128, tile * kTile % kPageSize, page, kv_policy);
+            if (kQuantized)
+              bulk_load<HINT>(sscale + t * kTile,
+                        kv_cache + int64_t(page) * kPageStride + kScaleBase + (tile * kTile % kPageSize) * 4,
+                        kScaleTileBytes, full + t, kv_policy);
           }
           DSAGEN_MARK(2, w == 0 && lane == 0 && stage == 0 && use == 0);   // (timeline: first TMA issued)
           if (++stage == STAGES) { stage = 0; ++use; }
@@ -1283,23 +1284,25 @@ static bool encode_map(CUtensorMap* map, const void* ptr, int rank, const cuuint
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The launch of one paged_logits_ws instantiation (its shared-memory opt-in once per device).
-template <int NEXT_N, int STAGES, bool SCHED, bool HINT>
+// The launch of one paged_logits_ws instantiation (its shared-memory opt-in once per device and
+// instantiation): SCHED, and the L2 evict-first copies where kv_hint (tuning `kv_evict_first`).
+template <int NEXT_N, int STAGES, bool SCHED>
 static cudaError_t launch_ws_grid(const CUtensorMap& kv_map, const CUtensorMap& q_map, const uint8_t* kv_cache,
                                   const float* weights, const int* context_lens, bool ctx_2d, const int* block_table,
                                   int64_t bt_stride, float* logits, int64_t max_context_len, int batch,
-                                  bool clean_logits, const int* sched, int dev, int sms, cudaStream_t stream) {
-  static bool configured[kMaxDevices] = {};
+                                  bool clean_logits, const int* sched, bool kv_hint, int dev, int sms,
+                                  cudaStream_t stream) {
+  auto* kernel = kv_hint ? paged_logits_ws<NEXT_N, STAGES, SCHED, true> : paged_logits_ws<NEXT_N, STAGES, SCHED, false>;
+  static bool configured[2][kMaxDevices] = {};
+  bool& done = configured[kv_hint ? 1 : 0][dev];
   const int smem = ws_smem_bytes<NEXT_N, STAGES>();
-  if (!configured[dev]) {
-    const cudaError_t err = cudaFuncSetAttribute(paged_logits_ws<NEXT_N, STAGES, SCHED, HINT>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (!done) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
-    configured[dev] = true;
+    done = true;
   }
-  paged_logits_ws<NEXT_N, STAGES, SCHED, HINT><<<sms, kWsThreads, smem, stream>>>(
-      kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits, max_context_len,
-      batch, clean_logits, sched);
+  kernel<<<sms, kWsThreads, smem, stream>>>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
+                                            bt_stride, logits, max_context_len, batch, clean_logits, sched);
   return cudaGetLastError();
 }
 
@@ -1324,21 +1327,16 @@ static bool launch_ws(const void* q, const uint8_t* kv_cache, int64_t num_pages,
   if (!encode_map(&kv_map, kv_cache, 3, kv_dims, kv_strides, kv_box) ||
       !encode_map(&q_map, q, 2, q_dims, q_strides, q_box))
     return false;
-  // tuning `kv_evict_first`: the instantiation with the L2 evict-first copies where kv_hint
-#define DSAGEN_WS_GRID(SCHED_, sched_)                                                                              \
-  (kv_hint ? launch_ws_grid<NEXT_N, STAGES, SCHED_, true>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d,   \
-                                                          block_table, bt_stride, logits, max_context_len, batch,   \
-                                                          clean_logits, sched_, dev, sms, stream)                   \
-           : launch_ws_grid<NEXT_N, STAGES, SCHED_, false>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d,  \
-                                                           block_table, bt_stride, logits, max_context_len, batch,  \
-                                                           clean_logits, sched_, dev, sms, stream))
   if (sched != nullptr) {
-    *err = DSAGEN_WS_GRID(true, sched);
+    *err = launch_ws_grid<NEXT_N, STAGES, true>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
+                                                bt_stride, logits, max_context_len, batch, clean_logits, sched,
+                                                kv_hint, dev, sms, stream);
     return true;
   }
   // (no schedule given, or tuning `sched` off: then a schedule is ignored)
-  *err = DSAGEN_WS_GRID(false, nullptr);
-#undef DSAGEN_WS_GRID
+  *err = launch_ws_grid<NEXT_N, STAGES, false>(kv_map, q_map, kv_cache, weights, context_lens, ctx_2d, block_table,
+                                               bt_stride, logits, max_context_len, batch, clean_logits, nullptr,
+                                               kv_hint, dev, sms, stream);
   return true;
 }
 
