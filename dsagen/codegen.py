@@ -227,7 +227,10 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     """Tuning of the sm_90a kernels.
 
     ``kernel``: ``ws`` (warp-specialized: ``math_wgs`` WGMMA warpgroups, each fed by its own
-    TMA producer warp, ``ws_stages`` tiles in flight each; the default where :func:`uses_ws`),
+    TMA producer warp, ``ws_stages`` tiles in flight each; the default where :func:`uses_ws`;
+    ``ws_stages`` 3 for 8-bit keys, else 4: on the H200, fp8, with the sixteenth session's
+    epilogue, 3 was 1.1-3.8 % faster than 4 at B=128 ctx 8192, B=32 ctx 32768 and B=128 ctx 32768
+    next_n 1, 0.6 % slower at B=128 ctx 32768 next_n 2; 5 slower everywhere),
     ``wgmma`` (one warpgroup per CTA that both copies with cp.async and computes, ``stages``
     tiles in flight; the other WGMMA layouts, and where ``ws`` does not fit in shared memory) or
     ``simt`` (the portable fp32 CUDA-core kernel everywhere).
@@ -286,7 +289,8 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     extension (``paged_logits_small.cu``; ``{}``: none): a call whose upper bound on the work,
     ``batch * ceil(max_context_len / 64)`` tiles (no host sync: the lengths stay on the device),
     is at most ``small_tiles`` tiles per SM runs it. Default for 8-bit keys with up to 64 heads:
-    ``{"math_wgs": 2, "maxnreg": 232}`` up to 40 tiles per SM (H200: 2.5-5.3 % faster at B=4,
+    ``{"math_wgs": 2, "maxnreg": 232, "ws_stages": 4}`` up to 40 tiles per SM (the 4 stages it
+    was measured with, whatever the main kernel's; H200: 2.5-5.3 % faster at B=4,
     16 and 32 ctx 8192 and B=8 ctx 32768, 31 tiles per SM or fewer; at 62 tiles per SM next_n 2
     was 1.8 % slower, at 46-54 0.8-1.5 %, at 39 the same). The
     overrides apply on top of the tuning's other keys, with :func:`effective_tuning`'s rules
@@ -322,12 +326,13 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     # 2 math warpgroups of 232 registers, whose schedule units of 128 tokens spread it more evenly
     # (H200, interleaved: B=32 ctx 8192 next_n 1 / 2 16.96 -> 16.13 / 18.08 -> 17.54 us, B=16
     # and B=8 ctx 32768 likewise; at 62 tiles per SM next_n 2 was 1.8 % slower)
-    small = ({"math_wgs": 2, "maxnreg": 232}
+    small = ({"math_wgs": 2, "maxnreg": 232, "ws_stages": 4}
              if spec.key.bits == 8 and spec.num_heads <= 64 and uses_ws(spec) else {})
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": 0,
             "kernel": "ws" if uses_ws(spec) else "wgmma",
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 heads
-            "math_wgs": 2 if wide else 3 if spec.num_heads <= 64 else 2, "ws_stages": 4,
+            "math_wgs": 2 if wide else 3 if spec.num_heads <= 64 else 2,
+            "ws_stages": 3 if spec.key.bits == 8 else 4,
             "math": True, "fuse": 128, "maxnreg": 232 if wide else 0, "chains": 0,
             "wregs": True, "loop": "request", "mma_ahead": ahead,
             "small": small, "small_tiles": 40,

@@ -8,7 +8,7 @@ import pytest
 
 import dsagen
 from dsagen.codegen import (CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, default_tuning, effective_tuning, namespace,
-                            paged_logits_kernel, render, small_tuning, small_work_max_len, write_generated)
+                            paged_logits_kernel, render, small_tuning, small_work_max_len, write_generated, ws_stages)
 
 from conftest import REPO, SPECS
 
@@ -279,7 +279,23 @@ def test_small_work_kernel_namespace_and_render_memo(shipped, tmp_path, monkeypa
         render(bf16, bad)
     with pytest.raises(ValueError, match="mma_ahead"):
         namespace(bf16, bad)
-    assert namespace(fp8, {"small": {"maxnreg": 232, "math_wgs": 2}}) == namespace(fp8)
+    assert namespace(fp8, {"small": {"maxnreg": 232, "math_wgs": 2, "ws_stages": 4}}) == namespace(fp8)
+    # without its ws_stages the small kernel follows the main kernel's 3 stages: another kernel
+    assert namespace(fp8, {"small": {"maxnreg": 232, "math_wgs": 2}}) != namespace(fp8)
+
+
+def test_ws_stage_defaults(shipped):
+    """8-bit keys: 3 key tiles in flight per math warpgroup in the main ws kernel, 4 in the
+    small-work kernel (as measured on the H200); 16-bit keys keep 4."""
+    fp8, bf16 = shipped["fp8_e4m3_page64"], shipped["bf16_page64"]
+    assert [ws_stages(fp8, nn) for nn in fp8.next_n] == [3, 3]
+    assert [ws_stages(fp8, nn, small_tuning(fp8)) for nn in fp8.next_n] == [4, 4]
+    assert [ws_stages(bf16, nn) for nn in bf16.next_n] == [4, 4]
+    # a tuning's ws_stages reaches the main kernel, not the small one given with it (its override
+    # wins); without `small` such a tuning has no small kernel (effective_tuning)
+    small = {"maxnreg": 232, "math_wgs": 2, "ws_stages": 4}
+    assert ws_stages(fp8, 1, {"ws_stages": 5}) == 5 and small_tuning(fp8, {"ws_stages": 5}) is None
+    assert ws_stages(fp8, 1, small_tuning(fp8, {"ws_stages": 5, "small": small})) == 4
 
 
 def test_paged_logits_kernel_choice(shipped):

@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <type_traits>
@@ -387,7 +388,8 @@ __device__ __forceinline__ void fill_tail(const int* context_lens, bool ctx_2d, 
 // same heads) into four independent partial sums s[0..3] (a[4j + c] goes to s[c]), `wq` = the
 // chain's first weight of the thread. relu(x) * w is accumulated as (x + |x|) * w, twice the
 // value (an FADD with an absolute-value operand on the FMA pipe instead of a float max on the
-// busier ALU pipe); store_logits takes the 1/2 back with the key scale. Exactly twice for finite
+// busier ALU pipe); the 1/2 is taken back in the weights (`wregs`: they are held halved) or with
+// the key scale in store_logits. Exactly twice for finite
 // x below 2^127 whose products and sums stay normal; unlike relu, an infinite dot product gives
 // NaN for -inf and overflows from 2^127 on (inputs no fp8 / bf16 key and query produce).
 // The weights of head pair j are wq[j * S], wq[j * S + 1]: S = 8 in shared memory (sw + 2*quad),
@@ -407,23 +409,36 @@ __device__ __forceinline__ void head_sums(const float* a, const float* wq, float
 }
 
 // Epilogue of a 64-key tile: v[2i + h] is this thread's part (its quad lane's heads, from
-// head_sums, doubled) of the logit of next_n position i and key r0 + 8h. The quad's 4 lanes
-// sum them in a transposed reduction: each xor step sends half of the values still held and
+// head_sums) of the logit of next_n position i and key r0 + 8h. The quad's 4 lanes sum them in
+// a transposed reduction (quad_reduce): each xor step sends half of the values still held and
 // keeps the other half, so that after the two steps lane `quad` holds the complete sums of a
 // quarter of them (with next_n 2: position quad & 1, key r0 + 8 * (quad >> 1)) and every lane
 // stores its own logits (no lane-dependent branch, 3 shuffles at next_n 2 instead of 8). With
-// next_n 1 the second step is a plain sum and lanes 0-1 store. Then the key scale sc0 (key r0) /
-// sc1 (key r0 + 8) with the 1/2 of head_sums (the same bits as summing relu(x) * w wherever
-// every step was exactly doubled), the mask, and the store of logits[b*NEXT_N + i, j0 + key].
+// next_n 1 the second step is a plain sum and lanes 0-1 store. Which sums a lane ends with
+// depends on its lane bits only, so where they go (LogitsOut) is set once per request.
 template <int NEXT_N>
-__device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], float sc0, float sc1, const int* bound,
-                                             float* logits_b, int64_t max_context_len, int max_len, int j0,
-                                             bool clean_logits, int wlane) {
-  constexpr int V = 2 * NEXT_N;
-  constexpr int VP = V <= 2 ? 2 : (V + 3) / 4 * 4;      // padded to whole quarters
-  const int lane = wlane & 31, quad = lane & 3;
-  const int r0 = (wlane >> 5) * 16 + (lane >> 2);
-  const bool b0 = quad & 1, b1 = quad & 2;
+struct LaneSums {
+  static constexpr int V = 2 * NEXT_N;
+  static constexpr int VP = V <= 2 ? 2 : (V + 3) / 4 * 4;   // padded to whole quarters
+  static constexpr int kHeld = VP >= 4 ? VP / 4 : 1;        // sums each lane ends with
+  // index in v (2i + h) of lane `lane`'s sum k
+  __device__ __forceinline__ static int index(int lane, int k) {
+    return ((lane & 1) ? VP / 2 : 0) + ((VP >= 4 && (lane & 2)) ? VP / 4 : 0) + k;
+  }
+  // sum k is a logit of this lane's (not padding, nor the copy lanes 2-3 hold at next_n 1)
+  __device__ __forceinline__ static bool mine(int lane, int k) { return VP >= 4 ? index(lane, k) < V : !(lane & 2); }
+  // the key row of the tile (0..63) of sum k: r0 + 8h, for its scale and column
+  __device__ __forceinline__ static int key(int wlane, int k) {
+    return (wlane >> 5) * 16 + ((wlane & 31) >> 2) + 8 * (index(wlane & 31, k) & 1);
+  }
+};
+
+template <int NEXT_N>
+__device__ __forceinline__ void quad_reduce(const float (&v)[2 * NEXT_N], float (&out)[LaneSums<NEXT_N>::kHeld],
+                                            int wlane) {
+  using L = LaneSums<NEXT_N>;
+  constexpr int V = L::V, VP = L::VP;
+  const bool b0 = wlane & 1, b1 = wlane & 2;
   float x[VP];
 #pragma unroll
   for (int k = 0; k < VP; ++k) x[k] = k < V ? v[k < V ? k : 0] : 0.f;
@@ -433,8 +448,6 @@ __device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], float
     const float keep = b0 ? x[k + VP / 2] : x[k];
     x[k] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
   }
-  constexpr int kHeld = VP >= 4 ? VP / 4 : 1;           // sums this lane ends with
-  int base = b0 ? VP / 2 : 0;                           // index of x[0] in v
   if constexpr (VP >= 4) {
 #pragma unroll
     for (int k = 0; k < VP / 4; ++k) {                  // lane bit 1 keeps the upper quarter
@@ -442,22 +455,60 @@ __device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], float
       const float keep = b1 ? x[k + VP / 4] : x[k];
       x[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
     }
-    base += b1 ? VP / 4 : 0;
   } else {
     x[0] += __shfl_xor_sync(0xffffffffu, x[0], 2);
   }
 #pragma unroll
-  for (int k = 0; k < kHeld; ++k) {
-    const int idx = base + k, i = idx >> 1;
-    const float scale = 0.5f * (idx & 1 ? sc1 : sc0);
-    int bnd = bound[0];
+  for (int k = 0; k < L::kHeld; ++k) out[k] = x[k];
+}
+
+// Where this thread's logits of one request go: sum k of LaneSums is row i (of the request's
+// NEXT_N rows), column j0 + key of each tile at key j0. p[k] points at column `key` of that row;
+// a tile stores where j0 < lim[k] (max_len - key; INT_MIN for a sum that is not this lane's)
+// and writes the logit where j0 < bnd[k] (the row's bound - key; INT_MAX without
+// clean_logits), else -inf: the masks of logits[b*NEXT_N + i, j] are set once per request, and a
+// tile's store is an address, two compares and a select.
+template <int NEXT_N>
+struct LogitsOut {
+  using L = LaneSums<NEXT_N>;
+  float* p[L::kHeld];
+  int lim[L::kHeld], bnd[L::kHeld];
+  __device__ __forceinline__ void set(const int (&bound)[NEXT_N], float* logits_b, int64_t max_context_len,
+                                      int max_len, bool clean_logits, int wlane) {
 #pragma unroll
-    for (int ii = 1; ii < NEXT_N; ++ii) bnd = i == ii ? bound[ii] : bnd;
-    const int j = j0 + r0 + 8 * (idx & 1);
-    const bool mine = VP >= 4 ? idx < V : !b1;          // padding / the copy in lanes 2-3
-    if (mine && j < max_len)
-      logits_b[i * max_context_len + j] = (j < bnd || !clean_logits) ? x[k] * scale : kNegInf;
+    for (int k = 0; k < L::kHeld; ++k) {
+      const int idx = L::index(wlane & 31, k), i = (idx >> 1) < NEXT_N ? idx >> 1 : 0, key = L::key(wlane, k);
+      int bi = bound[0];
+#pragma unroll
+      for (int ii = 1; ii < NEXT_N; ++ii) bi = i == ii ? bound[ii] : bi;
+      // (opaque to the compiler, so that the loop keeps the pointer instead of rebuilding it from
+      // the row index every tile)
+      asm volatile("mov.b64 %0, %1;\n" : "=l"(p[k]) : "l"(logits_b + i * max_context_len + key));
+      lim[k] = L::mine(wlane & 31, k) ? max_len - key : INT_MIN;
+      bnd[k] = clean_logits ? bi - key : INT_MAX;
+    }
   }
+  // the logits of the tile at key j0: sums x times their keys' scales sc
+  __device__ __forceinline__ void store(const float (&x)[L::kHeld], const float (&sc)[L::kHeld], int j0) const {
+#pragma unroll
+    for (int k = 0; k < L::kHeld; ++k)
+      if (j0 < lim[k])
+        asm volatile("st.global.f32 [%0], %1;\n" ::"l"(p[k] + j0), "f"(j0 < bnd[k] ? x[k] * sc[k] : kNegInf) : "memory");
+  }
+};
+
+// The epilogue's end: quad_reduce, then each sum times its key's scale sc[k] (key
+// LaneSums::key(wlane, k); with `half`, also the 1/2 of head_sums, which is otherwise in
+// the weights), and the stores of LogitsOut.
+template <int NEXT_N, bool HALF>
+__device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], const float (&sc)[LaneSums<NEXT_N>::kHeld],
+                                             const LogitsOut<NEXT_N>& out, int j0, int wlane) {
+  constexpr int H = LaneSums<NEXT_N>::kHeld;
+  float x[H], f[H];
+  quad_reduce<NEXT_N>(v, x, wlane);
+#pragma unroll
+  for (int k = 0; k < H; ++k) f[k] = HALF ? 0.5f * sc[k] : sc[k];
+  out.store(x, f, j0);
 }
 
 // WGMMA scores of the 64 keys of a tile (swizzled, at a_base) against ROWS query rows (swizzled,
@@ -607,18 +658,19 @@ __device__ __forceinline__ auto position_done(float (&s)[4], float (&v)[2 * NEXT
 }
 
 // One warpgroup scores one 64-key tile (swizzled, at a_base) against the NEXT_N * kNumHeads
-// query rows of its request (swizzled, at b_base; weights `sw`): WGMMA M=64 keys x N query
-// rows x K=head_dim, then per position relu * w, the sum over heads, the key scales sc0 (row
-// r0) and sc1 (row r0 + 8), the mask and the store of logits[b*NEXT_N + i, j0 + row]. `wlane`
-// is the thread's index in the warpgroup (0..127). release() runs once the tensor core has
-// read the tile for the last time (the caller frees its stage).
+// query rows of its request (swizzled, at b_base; weights `sw`, halved where S = 2): WGMMA M=64
+// keys x N query rows x K=head_dim, then per position relu * w, the sum over heads, the key
+// scales sc (of the keys LaneSums::key(wlane, k)), the mask and the store of logits[b*NEXT_N +
+// i, j0 + key] (`out`, set for the request). `wlane` is the thread's index in the warpgroup
+// (0..127). release() runs once the tensor core has read the tile for the last time (the
+// caller frees its stage).
 // FUSE (tuning `fuse`, paged_logits_ws only): every position in flight at once: without
 // promotion NEXT_N * kChains chains, each epilogue overlapping the later chains; with promotion
 // one chain of N = NEXT_N * kNumHeads rows. Otherwise the positions run one after the other.
 template <int NEXT_N, bool FUSE = false, int S = 8, typename Release>
-__device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, const float* sw, float sc0, float sc1,
-                                            const int* bound, float* logits_b, int64_t max_context_len,
-                                            int max_len, int j0, bool clean_logits, int wlane, Release&& release) {
+__device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, const float* sw,
+                                            const float (&sc)[LaneSums<NEXT_N>::kHeld], const LogitsOut<NEXT_N>& out,
+                                            int j0, int wlane, Release&& release) {
   constexpr int N = NEXT_N * kNumHeads;
   const float* wq = head_weights<S>(sw, wlane);
   float s[4] = {0.f, 0.f, 0.f, 0.f}, v[2 * NEXT_N];   // (s is zeroed at each position's first head)
@@ -651,7 +703,7 @@ __device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, co
       rows_logits<kNumHeads, S>(acc, i * kNumHeads, wq, s, done);
     }
   }
-  store_logits<NEXT_N>(v, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
+  store_logits<NEXT_N, S == 8>(v, sc, out, j0, wlane);
 }
 
 // Tuning `mma_ahead` (paged_logits_ws, loop=request): a tile is one WGMMA chain of all N =
@@ -678,10 +730,9 @@ __device__ __forceinline__ void tile_mma_issue(uint32_t a_base, uint32_t b_base,
 // then relu * w, the sum over heads, the key scales, the mask and the logits store as in
 // tile_logits.
 template <int NEXT_N, int S, int PENDING, typename Release>
-__device__ __forceinline__ void tile_mma_finish(float (&acc)[NEXT_N * kNumHeads / 2], const float* sw, float sc0,
-                                                float sc1, const int* bound, float* logits_b,
-                                                int64_t max_context_len, int max_len, int j0, bool clean_logits,
-                                                int wlane, Release&& release) {
+__device__ __forceinline__ void tile_mma_finish(float (&acc)[NEXT_N * kNumHeads / 2], const float* sw,
+                                                const float (&sc)[LaneSums<NEXT_N>::kHeld],
+                                                const LogitsOut<NEXT_N>& out, int j0, int wlane, Release&& release) {
   constexpr int N = NEXT_N * kNumHeads;
   cute::warpgroup_wait<PENDING>();
 #pragma unroll
@@ -690,7 +741,7 @@ __device__ __forceinline__ void tile_mma_finish(float (&acc)[NEXT_N * kNumHeads 
   float s[4] = {0.f, 0.f, 0.f, 0.f}, v[2 * NEXT_N];
   auto done = position_done<NEXT_N>(s, v);
   rows_logits<N, S>(acc, 0, head_weights<S>(sw, wlane), s, done);
-  store_logits<NEXT_N>(v, sc0, sc1, bound, logits_b, max_context_len, max_len, j0, clean_logits, wlane);
+  store_logits<NEXT_N, S == 8>(v, sc, out, j0, wlane);
 }
 
 // One warpgroup per CTA that both copies (cp.async, kStages tiles in flight) and computes.
@@ -725,6 +776,7 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
     int last_use0 = -1, last_use1 = -1;                  // last unit that reads q slot 0 / 1
     int cons_b = -1, cons_slot = 1;
     int bound[NEXT_N];                                   // visible keys of each row (consumer's request)
+    LogitsOut<NEXT_N> out;                               // where its logits go
     // page of the producer's next tile, loaded one tile ahead so its latency is hidden
     constexpr bool kTileInPage = kPageSize % kTile == 0;
     int next_page = kTileInPage ? __ldg(block_table + int64_t(prod.b) * bt_stride + prod.unit * kTile / kPageSize) : 0;
@@ -791,14 +843,15 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
         cons_slot ^= 1;
 #pragma unroll
         for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
+        out.set(bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len, max_len, clean_logits, tid);
       }
       const int stage = consumed % kStages;
-      const int r0 = (tid >> 5) * 16 + ((tid & 31) >> 2);
-      const float sc0 = kQuantized ? sscale[stage * kTile + r0] : 1.f;
-      const float sc1 = kQuantized ? sscale[stage * kTile + r0 + 8] : 1.f;
+      float sc[LaneSums<NEXT_N>::kHeld];
+#pragma unroll
+      for (int k = 0; k < LaneSums<NEXT_N>::kHeld; ++k)
+        sc[k] = kQuantized ? sscale[stage * kTile + LaneSums<NEXT_N>::key(tid, k)] : 1.f;
       tile_logits<NEXT_N>(smem_u32(sk + stage * kTileBytes), smem_u32(sq + cons_slot * kQBytes), sw + cons_slot * N,
-                          sc0, sc1, bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len,
-                          max_len, cons.unit * kTile, clean_logits, tid, [] {});
+                          sc, out, cons.unit * kTile, tid, [] {});
       ++consumed;
       cons.advance(context_lens, ctx_2d, batch, max_len);
       __syncthreads();   // the stage may be refilled now
@@ -925,16 +978,28 @@ __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   return policy;
 }
 
+// v through a register the compiler front end cannot see into: a value set up before a loop
+// stays in its register instead of being rebuilt from its parts in every iteration, which the
+// math loops otherwise did (ptxas may still rematerialize; the SASS decides).
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(v) : "r"(v));
+  return v;
+}
+
 // Waits for the keys of a math warpgroup's tile number `count` (stage count % STAGES of its
-// ring: full barriers from full_w, 8 bytes apart; scales at sscale_w) and reads the scales of
-// keys r0 and r0 + 8 (1 for unquantized keys). Returns the stage.
-template <int STAGES>
-__device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, const float* sscale_w, uint32_t count, int r0,
-                                              float& sc0, float& sc1) {
+// ring: full barriers from full_w, 8 bytes apart) and reads the scales of this thread's keys
+// (at shared-memory addresses skey in stage 0, LaneSums::key; 1 for unquantized keys). Returns
+// the stage.
+template <int STAGES, int H>
+__device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, const uint32_t (&skey)[H], uint32_t count,
+                                              float (&sc)[H]) {
   const uint32_t stage = count % STAGES;
   mbar_wait(full_w + stage * 8, (count / STAGES) & 1);
-  sc0 = kQuantized ? sscale_w[stage * kTile + r0] : 1.f;
-  sc1 = kQuantized ? sscale_w[stage * kTile + r0 + 8] : 1.f;
+#pragma unroll
+  for (int k = 0; k < H; ++k) {
+    sc[k] = 1.f;
+    if (kQuantized) asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sc[k]) : "r"(skey[k] + stage * kTile * 4) : "memory");
+  }
   return stage;
 }
 
@@ -1114,13 +1179,17 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     // keys skipped); in each, a plain loop over this warpgroup's tiles, the request's values (q
     // slot, bounds, weights, logits rows) set once outside it.
     const int w = warp / 4 - 1, wlane = tid & 127;
-    const int r0 = (wlane >> 5) * 16 + (lane >> 2);
+    // shared-memory addresses of this warpgroup's stages and barriers, and of this thread's
+    // scales (its logits' keys, LaneSums::key) in stage 0, computed once
+    const uint32_t sk_w = opaque(smem_u32(sk + w * STAGES * kTileBytes)), full_w = opaque(smem_u32(full + w * STAGES));
+    const uint32_t empty_w = opaque(smem_u32(empty + w * STAGES));
+    constexpr int H = LaneSums<NEXT_N>::kHeld;
+    uint32_t skey[H];
+#pragma unroll
+    for (int k = 0; k < H; ++k) skey[k] = opaque(smem_u32(sscale + w * STAGES * kTile + LaneSums<NEXT_N>::key(wlane, k)));
     uint32_t count = 0;                                 // tiles done by this warpgroup
-    // shared-memory addresses of this warpgroup's stages, scales and barriers, computed once
-    const uint32_t sk_w = smem_u32(sk + w * STAGES * kTileBytes), full_w = smem_u32(full + w * STAGES);
-    const uint32_t empty_w = smem_u32(empty + w * STAGES);
-    const float* sscale_w = sscale + w * STAGES * kTile;
     int bound[NEXT_N];
+    LogitsOut<NEXT_N> out;                              // where this thread's logits of the request go
     float wr[kWRegsFor<NEXT_N> ? NEXT_N * kNumHeads / 4 : 1];
     int b = first_b, u = first_split, g = lo;           // request, its first split here, its global unit
     for (int phase = 0;; ++phase) {
@@ -1131,17 +1200,17 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       DSAGEN_MARK(15, tid == 128 && phase == 0);                        // (timeline: q here)
 #pragma unroll
       for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
-      if constexpr (kWRegsFor<NEXT_N>) {   // this thread's weights: head pairs 8j + 2*quad + {0,1} of each position
+      out.set(bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len, max_len, clean_logits, wlane);
+      if constexpr (kWRegsFor<NEXT_N>) {   // this thread's weights, halved: head pairs 8j + 2*quad + {0,1} of each position
         const float* src = sw + (phase & 1) * N + (lane & 3) * 2;
 #pragma unroll
         for (int i = 0; i < NEXT_N; ++i)
 #pragma unroll
           for (int j = 0; j < kNumHeads / 8; ++j) {
-            wr[i * (kNumHeads / 4) + 2 * j] = src[i * kNumHeads + 8 * j];
-            wr[i * (kNumHeads / 4) + 2 * j + 1] = src[i * kNumHeads + 8 * j + 1];
+            wr[i * (kNumHeads / 4) + 2 * j] = 0.5f * src[i * kNumHeads + 8 * j];
+            wr[i * (kNumHeads / 4) + 2 * j + 1] = 0.5f * src[i * kNumHeads + 8 * j + 1];
           }
       }
-      float* logits_b = logits + int64_t(b) * NEXT_N * max_context_len;
       const uint32_t q_addr = smem_u32(sq + (phase & 1) * kQBytes);
       const float* w_src = kWRegsFor<NEXT_N> ? wr : sw + (phase & 1) * N;
       const int tile_end = min(u_end * kMathWGs, (len + kTile - 1) / kTile);
@@ -1151,12 +1220,12 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       // (else after it: the epilogue does not wait for memory)
       static_assert(kOneChain<NEXT_N>, "mma_ahead needs one WGMMA chain per tile");
       constexpr int S = kWRegsFor<NEXT_N> ? 2 : 8;
-      float acc[2][N / 2], sc[2][2];
+      float acc[2][N / 2], sc[2][H];
       uint32_t st[2];
       int tl[2];
       auto issue = [&](auto xc, int tile) {
         constexpr int x = decltype(xc)::value;
-        st[x] = wait_tile<STAGES>(full_w, sscale_w, count, r0, sc[x][0], sc[x][1]);
+        st[x] = wait_tile<STAGES>(full_w, skey, count, sc[x]);
         DSAGEN_MARK(3, wlane == 0 && w == 0 && count == 0);                // (timeline: first keys here)
         tl[x] = tile;
         tile_mma_issue<N>(sk_w + st[x] * kTileBytes, q_addr, acc[x]);
@@ -1164,9 +1233,8 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       };
       auto finish = [&](auto xc, auto pending) {
         constexpr int x = decltype(xc)::value;
-        tile_mma_finish<NEXT_N, S, decltype(pending)::value>(acc[x], w_src, sc[x][0], sc[x][1], bound, logits_b,
-                                                             max_context_len, max_len, tl[x] * kTile, clean_logits,
-                                                             wlane, [&] { mbar_arrive(empty_w + st[x] * 8); });
+        tile_mma_finish<NEXT_N, S, decltype(pending)::value>(acc[x], w_src, sc[x], out, tl[x] * kTile, wlane,
+                                                             [&] { mbar_arrive(empty_w + st[x] * 8); });
       };
       using C0 = std::integral_constant<int, 0>;
       using C1 = std::integral_constant<int, 1>;
@@ -1189,14 +1257,13 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       }
       } else {
       for (int tile = u * kMathWGs + w; tile < tile_end; tile += kMathWGs) {
-        float sc0, sc1;
-        const uint32_t stage = wait_tile<STAGES>(full_w, sscale_w, count, r0, sc0, sc1);
+        float sc[LaneSums<NEXT_N>::kHeld];
+        const uint32_t stage = wait_tile<STAGES>(full_w, skey, count, sc);
         DSAGEN_MARK(3, wlane == 0 && w == 0 && count == 0);                // (timeline: first keys here)
         // the stage is freed (this thread's reads are done) as soon as the tensor core has read it
         tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(sk_w + stage * kTileBytes,
-                                           q_addr, w_src,
-                            sc0, sc1, bound, logits_b, max_context_len,
-                            max_len, tile * kTile, clean_logits, wlane, [&] { mbar_arrive(empty_w + stage * 8); });
+                                           q_addr, w_src, sc, out, tile * kTile, wlane,
+                                           [&] { mbar_arrive(empty_w + stage * 8); });
         ++count;
         DSAGEN_MARK(4, wlane == 0 && w == 0 && count == 1);                /* (timeline: first tile done) */
       }

@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <type_traits>
