@@ -229,8 +229,9 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     ``kernel``: ``ws`` (warp-specialized: ``math_wgs`` WGMMA warpgroups, each fed by its own
     TMA producer warp, ``ws_stages`` tiles in flight each; the default where :func:`uses_ws`;
     ``ws_stages`` 3 for 8-bit keys, else 4: on the H200, fp8, with the sixteenth session's
-    epilogue, 3 was 1.1-3.8 % faster than 4 at B=128 ctx 8192, B=32 ctx 32768 and B=128 ctx 32768
-    next_n 1, 0.6 % slower at B=128 ctx 32768 next_n 2; 5 slower everywhere),
+    epilogue, interleaved, one device call: 3 was 0.5-3.8 % faster than 4 at B=128 ctx 8192, B=32
+    ctx 32768 and B=128 ctx 32768 next_n 1, 0.6 % slower at B=128 ctx 32768 next_n 2; 5 slower
+    everywhere; see benchmarks/RESULTS.md, sixteenth session),
     ``wgmma`` (one warpgroup per CTA that both copies with cp.async and computes, ``stages``
     tiles in flight; the other WGMMA layouts, and where ``ws`` does not fit in shared memory) or
     ``simt`` (the portable fp32 CUDA-core kernel everywhere).

@@ -389,9 +389,10 @@ __device__ __forceinline__ void fill_tail(const int* context_lens, bool ctx_2d, 
 // chain's first weight of the thread. relu(x) * w is accumulated as (x + |x|) * w, twice the
 // value (an FADD with an absolute-value operand on the FMA pipe instead of a float max on the
 // busier ALU pipe); the 1/2 is taken back in the weights (`wregs`: they are held halved) or with
-// the key scale in store_logits. Exactly twice for finite
-// x below 2^127 whose products and sums stay normal; unlike relu, an infinite dot product gives
-// NaN for -inf and overflows from 2^127 on (inputs no fp8 / bf16 key and query produce).
+// the key scale in store_logits. Exactly twice for finite x below 2^127 whose products and sums
+// stay normal; unlike relu, an infinite dot product gives NaN for -inf, and with the weights in
+// shared memory the doubled sums overflow from 2^127 on (inputs no fp8 / bf16 key and query
+// produce).
 // The weights of head pair j are wq[j * S], wq[j * S + 1]: S = 8 in shared memory (sw + 2*quad),
 // S = 2 in the thread's registers (tuning `wregs`).
 template <int R, int S>
@@ -431,6 +432,9 @@ struct LaneSums {
   __device__ __forceinline__ static int key(int wlane, int k) {
     return (wlane >> 5) * 16 + ((wlane & 31) >> 2) + 8 * (index(wlane & 31, k) & 1);
   }
+  // With two sums (next_n 3 and 4) a lane's first index is even, so its sums are the keys r0 and
+  // r0 + 8 of one row: sum k is sum 0 moved 8k columns (LogitsOut keeps one row's values).
+  static_assert(kHeld == 1 || (kHeld == 2 && VP / 4 % 2 == 0), "next_n 1-4: a lane's sums share one row");
 };
 
 template <int NEXT_N>
@@ -463,42 +467,42 @@ __device__ __forceinline__ void quad_reduce(const float (&v)[2 * NEXT_N], float 
 }
 
 // Where this thread's logits of one request go: sum k of LaneSums is row i (of the request's
-// NEXT_N rows), column j0 + key of each tile at key j0. p[k] points at column `key` of that row;
-// a tile stores where j0 < lim[k] (max_len - key; INT_MIN for a sum that is not this lane's)
-// and writes the logit where j0 < bnd[k] (the row's bound - key; INT_MAX without
-// clean_logits), else -inf: the masks of logits[b*NEXT_N + i, j] are set once per request, and a
-// tile's store is an address, two compares and a select.
+// NEXT_N rows), column j0 + key + 8k of each tile at key j0 (key = LaneSums::key(wlane, 0)). p
+// points at column `key` of that row; a tile stores sum k where j0 < lim - 8k (lim: max_len -
+// key; INT_MIN where the sums are not this lane's) and writes the logit where j0 < bnd - 8k (the
+// row's bound - key; INT_MAX without clean_logits), else -inf: the masks of logits[b*NEXT_N + i,
+// j] are set once per request, and a tile's store is an address, two compares and a select.
 template <int NEXT_N>
 struct LogitsOut {
   using L = LaneSums<NEXT_N>;
-  float* p[L::kHeld];
-  int lim[L::kHeld], bnd[L::kHeld];
+  float* p;
+  int lim, bnd;
   __device__ __forceinline__ void set(const int (&bound)[NEXT_N], float* logits_b, int64_t max_context_len,
                                       int max_len, bool clean_logits, int wlane) {
+    const int idx = L::index(wlane & 31, 0), i = (idx >> 1) < NEXT_N ? idx >> 1 : 0, key = L::key(wlane, 0);
+    int bi = bound[0];
 #pragma unroll
-    for (int k = 0; k < L::kHeld; ++k) {
-      const int idx = L::index(wlane & 31, k), i = (idx >> 1) < NEXT_N ? idx >> 1 : 0, key = L::key(wlane, k);
-      int bi = bound[0];
-#pragma unroll
-      for (int ii = 1; ii < NEXT_N; ++ii) bi = i == ii ? bound[ii] : bi;
-      // (opaque to the compiler, so that the loop keeps the pointer instead of rebuilding it from
-      // the row index every tile)
-      asm volatile("mov.b64 %0, %1;\n" : "=l"(p[k]) : "l"(logits_b + i * max_context_len + key));
-      lim[k] = L::mine(wlane & 31, k) ? max_len - key : INT_MIN;
-      bnd[k] = clean_logits ? bi - key : INT_MAX;
-    }
+    for (int ii = 1; ii < NEXT_N; ++ii) bi = i == ii ? bound[ii] : bi;
+    p = logits_b + i * max_context_len + key;
+    // (opaque to the compiler, so that the loop keeps the pointer instead of rebuilding it from
+    // the row index every tile; not with two sums, whose loops are short of registers)
+    if (L::kHeld == 1) asm volatile("mov.b64 %0, %0;\n" : "+l"(p));
+    lim = L::mine(wlane & 31, 0) ? max_len - key : INT_MIN;
+    bnd = clean_logits ? max(bi, 0) - key : INT_MAX;   // (a bound below 0 masks every column, as 0)
+    if (L::kHeld > 1) lim = max(lim, INT_MIN + 8);   // (lim - 8 for the second sum does not wrap)
   }
   // the logits of the tile at key j0: sums x times their keys' scales sc
   __device__ __forceinline__ void store(const float (&x)[L::kHeld], const float (&sc)[L::kHeld], int j0) const {
 #pragma unroll
     for (int k = 0; k < L::kHeld; ++k)
-      if (j0 < lim[k])
-        asm volatile("st.global.f32 [%0], %1;\n" ::"l"(p[k] + j0), "f"(j0 < bnd[k] ? x[k] * sc[k] : kNegInf) : "memory");
+      if (j0 < lim - 8 * k)
+        asm volatile("st.global.f32 [%0], %1;\n" ::"l"(p + j0 + 8 * k), "f"(j0 < bnd - 8 * k ? x[k] * sc[k] : kNegInf)
+                     : "memory");
   }
 };
 
 // The epilogue's end: quad_reduce, then each sum times its key's scale sc[k] (key
-// LaneSums::key(wlane, k); with `half`, also the 1/2 of head_sums, which is otherwise in
+// LaneSums::key(wlane, k); with HALF, also the 1/2 of head_sums, which is otherwise in
 // the weights), and the stores of LogitsOut.
 template <int NEXT_N, bool HALF>
 __device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], const float (&sc)[LaneSums<NEXT_N>::kHeld],
@@ -988,17 +992,17 @@ __device__ __forceinline__ uint32_t opaque(uint32_t v) {
 
 // Waits for the keys of a math warpgroup's tile number `count` (stage count % STAGES of its
 // ring: full barriers from full_w, 8 bytes apart) and reads the scales of this thread's keys
-// (at shared-memory addresses skey in stage 0, LaneSums::key; 1 for unquantized keys). Returns
-// the stage.
+// (LaneSums::key: the one at shared-memory address skey in stage 0, and 8 keys on for a second
+// sum; 1 for unquantized keys). Returns the stage.
 template <int STAGES, int H>
-__device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, const uint32_t (&skey)[H], uint32_t count,
-                                              float (&sc)[H]) {
+__device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, uint32_t skey, uint32_t count, float (&sc)[H]) {
   const uint32_t stage = count % STAGES;
   mbar_wait(full_w + stage * 8, (count / STAGES) & 1);
 #pragma unroll
   for (int k = 0; k < H; ++k) {
     sc[k] = 1.f;
-    if (kQuantized) asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sc[k]) : "r"(skey[k] + stage * kTile * 4) : "memory");
+    if (kQuantized)
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sc[k]) : "r"(skey + stage * kTile * 4 + 32 * k) : "memory");
   }
   return stage;
 }
@@ -1184,9 +1188,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     const uint32_t sk_w = opaque(smem_u32(sk + w * STAGES * kTileBytes)), full_w = opaque(smem_u32(full + w * STAGES));
     const uint32_t empty_w = opaque(smem_u32(empty + w * STAGES));
     constexpr int H = LaneSums<NEXT_N>::kHeld;
-    uint32_t skey[H];
-#pragma unroll
-    for (int k = 0; k < H; ++k) skey[k] = opaque(smem_u32(sscale + w * STAGES * kTile + LaneSums<NEXT_N>::key(wlane, k)));
+    const uint32_t skey = opaque(smem_u32(sscale + w * STAGES * kTile + LaneSums<NEXT_N>::key(wlane, 0)));
     uint32_t count = 0;                                 // tiles done by this warpgroup
     int bound[NEXT_N];
     LogitsOut<NEXT_N> out;                              // where this thread's logits of the request go
