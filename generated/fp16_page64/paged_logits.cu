@@ -228,6 +228,18 @@ static_assert(kCopy >= 4 && kTileBytes % (kCopy * 128) == 0, "key rows must be 4
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// v through a register the compiler front end cannot see into: a value set up before a loop
+// stays in its register instead of being rebuilt from its parts in every iteration, which the
+// math loops otherwise did (ptxas may still rematerialize; the SASS decides).
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(v));
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ T* opaque(T* v) {
+  asm volatile("mov.b64 %0, %0;\n" : "+l"(v));
+  return v;
+}
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
@@ -422,19 +434,19 @@ struct LaneSums {
   static constexpr int V = 2 * NEXT_N;
   static constexpr int VP = V <= 2 ? 2 : (V + 3) / 4 * 4;   // padded to whole quarters
   static constexpr int kHeld = VP >= 4 ? VP / 4 : 1;        // sums each lane ends with
-  // index in v (2i + h) of lane `lane`'s sum k
-  __device__ __forceinline__ static int index(int lane, int k) {
-    return ((lane & 1) ? VP / 2 : 0) + ((VP >= 4 && (lane & 2)) ? VP / 4 : 0) + k;
-  }
-  // sum k is a logit of this lane's (not padding, nor the copy lanes 2-3 hold at next_n 1)
-  __device__ __forceinline__ static bool mine(int lane, int k) { return VP >= 4 ? index(lane, k) < V : !(lane & 2); }
-  // the key row of the tile (0..63) of sum k: r0 + 8h, for its scale and column
-  __device__ __forceinline__ static int key(int wlane, int k) {
-    return (wlane >> 5) * 16 + ((wlane & 31) >> 2) + 8 * (index(wlane & 31, k) & 1);
-  }
   // With two sums (next_n 3 and 4) a lane's first index is even, so its sums are the keys r0 and
-  // r0 + 8 of one row: sum k is sum 0 moved 8k columns (LogitsOut keeps one row's values).
+  // r0 + 8 of one row: sum k is sum 0 moved 8k keys, and what follows describes sum 0.
   static_assert(kHeld == 1 || (kHeld == 2 && VP / 4 % 2 == 0), "next_n 1-4: a lane's sums share one row");
+  // index in v (2i + h) of lane `lane`'s first sum
+  __device__ __forceinline__ static int index(int lane) {
+    return ((lane & 1) ? VP / 2 : 0) + ((VP >= 4 && (lane & 2)) ? VP / 4 : 0);
+  }
+  // the sums are logits of this lane's (not padding, nor the copy lanes 2-3 hold at next_n 1)
+  __device__ __forceinline__ static bool mine(int lane) { return VP >= 4 ? index(lane) < V : !(lane & 2); }
+  // the key row of the tile (0..63) of the first sum: r0 + 8h, for its scale and column
+  __device__ __forceinline__ static int key(int wlane) {
+    return (wlane >> 5) * 16 + ((wlane & 31) >> 2) + 8 * (index(wlane & 31) & 1);
+  }
 };
 
 template <int NEXT_N>
@@ -467,11 +479,12 @@ __device__ __forceinline__ void quad_reduce(const float (&v)[2 * NEXT_N], float 
 }
 
 // Where this thread's logits of one request go: sum k of LaneSums is row i (of the request's
-// NEXT_N rows), column j0 + key + 8k of each tile at key j0 (key = LaneSums::key(wlane, 0)). p
+// NEXT_N rows), column j0 + key + 8k of each tile at key j0 (key = LaneSums::key(wlane)). p
 // points at column `key` of that row; a tile stores sum k where j0 < lim - 8k (lim: max_len -
-// key; INT_MIN where the sums are not this lane's) and writes the logit where j0 < bnd - 8k (the
-// row's bound - key; INT_MAX without clean_logits), else -inf: the masks of logits[b*NEXT_N + i,
-// j] are set once per request, and a tile's store is an address, two compares and a select.
+// key; 0 where the sums are not this lane's, as j0 >= 0) and writes the logit where j0 < bnd -
+// 8k (the row's bound - key; INT_MAX without clean_logits), else -inf: the masks of
+// logits[b*NEXT_N + i, j] are set once per request, and a tile's store is an address, two
+// compares and a select.
 template <int NEXT_N>
 struct LogitsOut {
   using L = LaneSums<NEXT_N>;
@@ -479,17 +492,13 @@ struct LogitsOut {
   int lim, bnd;
   __device__ __forceinline__ void set(const int (&bound)[NEXT_N], float* logits_b, int64_t max_context_len,
                                       int max_len, bool clean_logits, int wlane) {
-    const int idx = L::index(wlane & 31, 0), i = (idx >> 1) < NEXT_N ? idx >> 1 : 0, key = L::key(wlane, 0);
+    const int idx = L::index(wlane & 31), i = (idx >> 1) < NEXT_N ? idx >> 1 : 0, key = L::key(wlane);
     int bi = bound[0];
 #pragma unroll
     for (int ii = 1; ii < NEXT_N; ++ii) bi = i == ii ? bound[ii] : bi;
-    p = logits_b + i * max_context_len + key;
-    // (opaque to the compiler, so that the loop keeps the pointer instead of rebuilding it from
-    // the row index every tile; not with two sums, whose loops are short of registers)
-    if (L::kHeld == 1) asm volatile("mov.b64 %0, %0;\n" : "+l"(p));
-    lim = L::mine(wlane & 31, 0) ? max_len - key : INT_MIN;
+    p = opaque(logits_b + i * max_context_len + key);   // (the loop keeps it, not the row index)
+    lim = L::mine(wlane & 31) ? max_len - key : 0;
     bnd = clean_logits ? max(bi, 0) - key : INT_MAX;   // (a bound below 0 masks every column, as 0)
-    if (L::kHeld > 1) lim = max(lim, INT_MIN + 8);   // (lim - 8 for the second sum does not wrap)
   }
   // the logits of the tile at key j0: sums x times their keys' scales sc
   __device__ __forceinline__ void store(const float (&x)[L::kHeld], const float (&sc)[L::kHeld], int j0) const {
@@ -502,7 +511,7 @@ struct LogitsOut {
 };
 
 // The epilogue's end: quad_reduce, then each sum times its key's scale sc[k] (key
-// LaneSums::key(wlane, k); with HALF, also the 1/2 of head_sums, which is otherwise in
+// LaneSums::key(wlane) + 8k; with HALF, also the 1/2 of head_sums, which is otherwise in
 // the weights), and the stores of LogitsOut.
 template <int NEXT_N, bool HALF>
 __device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], const float (&sc)[LaneSums<NEXT_N>::kHeld],
@@ -664,7 +673,7 @@ __device__ __forceinline__ auto position_done(float (&s)[4], float (&v)[2 * NEXT
 // One warpgroup scores one 64-key tile (swizzled, at a_base) against the NEXT_N * kNumHeads
 // query rows of its request (swizzled, at b_base; weights `sw`, halved where S = 2): WGMMA M=64
 // keys x N query rows x K=head_dim, then per position relu * w, the sum over heads, the key
-// scales sc (of the keys LaneSums::key(wlane, k)), the mask and the store of logits[b*NEXT_N +
+// scales sc (of the keys LaneSums::key(wlane) + 8k), the mask and the store of logits[b*NEXT_N +
 // i, j0 + key] (`out`, set for the request). `wlane` is the thread's index in the warpgroup
 // (0..127). release() runs once the tensor core has read the tile for the last time (the
 // caller frees its stage).
@@ -853,7 +862,7 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
       float sc[LaneSums<NEXT_N>::kHeld];
 #pragma unroll
       for (int k = 0; k < LaneSums<NEXT_N>::kHeld; ++k)
-        sc[k] = kQuantized ? sscale[stage * kTile + LaneSums<NEXT_N>::key(tid, k)] : 1.f;
+        sc[k] = kQuantized ? sscale[stage * kTile + LaneSums<NEXT_N>::key(tid) + 8 * k] : 1.f;
       tile_logits<NEXT_N>(smem_u32(sk + stage * kTileBytes), smem_u32(sq + cons_slot * kQBytes), sw + cons_slot * N,
                           sc, out, cons.unit * kTile, tid, [] {});
       ++consumed;
@@ -980,14 +989,6 @@ __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
-}
-
-// v through a register the compiler front end cannot see into: a value set up before a loop
-// stays in its register instead of being rebuilt from its parts in every iteration, which the
-// math loops otherwise did (ptxas may still rematerialize; the SASS decides).
-__device__ __forceinline__ uint32_t opaque(uint32_t v) {
-  asm volatile("mov.b32 %0, %1;\n" : "=r"(v) : "r"(v));
-  return v;
 }
 
 // Waits for the keys of a math warpgroup's tile number `count` (stage count % STAGES of its
@@ -1179,20 +1180,19 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     DSAGEN_MARK(14, tid == 128);                                        // (timeline: math registers set)
     // ---- math warpgroup w: tile w of every split -----------------------------------------------
-    // Tuning loop=request: the requests in schedule order (as Cursor walks them: those without
-    // keys skipped); in each, a plain loop over this warpgroup's tiles, the request's values (q
-    // slot, bounds, weights, logits rows) set once outside it.
     const int w = warp / 4 - 1, wlane = tid & 127;
     // shared-memory addresses of this warpgroup's stages and barriers, and of this thread's
     // scales (its logits' keys, LaneSums::key) in stage 0, computed once
     const uint32_t sk_w = opaque(smem_u32(sk + w * STAGES * kTileBytes)), full_w = opaque(smem_u32(full + w * STAGES));
     const uint32_t empty_w = opaque(smem_u32(empty + w * STAGES));
-    constexpr int H = LaneSums<NEXT_N>::kHeld;
-    const uint32_t skey = opaque(smem_u32(sscale + w * STAGES * kTile + LaneSums<NEXT_N>::key(wlane, 0)));
+    const uint32_t skey = opaque(smem_u32(sscale + w * STAGES * kTile + LaneSums<NEXT_N>::key(wlane)));
     uint32_t count = 0;                                 // tiles done by this warpgroup
     int bound[NEXT_N];
     LogitsOut<NEXT_N> out;                              // where this thread's logits of the request go
     float wr[kWRegsFor<NEXT_N> ? NEXT_N * kNumHeads / 4 : 1];
+    // Tuning loop=request: the requests in schedule order (as Cursor walks them: those without
+    // keys skipped); in each, a plain loop over this warpgroup's tiles, the request's values (q
+    // slot, bounds, weights, logits rows) set once outside it.
     int b = first_b, u = first_split, g = lo;           // request, its first split here, its global unit
     for (int phase = 0;; ++phase) {
       // (the first request's length as the producers have it: from the schedule, if one is used)
@@ -1222,7 +1222,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       // (else after it: the epilogue does not wait for memory)
       static_assert(kOneChain<NEXT_N>, "mma_ahead needs one WGMMA chain per tile");
       constexpr int S = kWRegsFor<NEXT_N> ? 2 : 8;
-      float acc[2][N / 2], sc[2][H];
+      float acc[2][N / 2], sc[2][LaneSums<NEXT_N>::kHeld];
       uint32_t st[2];
       int tl[2];
       auto issue = [&](auto xc, int tile) {
