@@ -84,7 +84,10 @@ class Shape:
 
     ``op="paged_logits"``: ``B`` requests of ``next_n`` query rows, each ``ctx`` keys long
     (``ctx="mixed"``: ``B`` lengths uniform in ``[1, 65536]``, seeded by ``MIXED_SEED``).
-    ``op="store"``: ``N`` bf16 keys stored at random distinct slots.
+    ``op="store"``: ``N`` bf16 keys stored at distinct slots of a pool of about ``2N``:
+    ``slots="random"`` (the default; each token anywhere, as a decode step's new tokens are) or
+    ``slots="pages"`` (a prefill's: consecutive tokens fill whole pages, the pages in a random
+    order).
     ``op="ragged_logits"``: causal prefill of the last ``B`` tokens of a ``ctx``-token sequence:
     query ``i`` sees keys ``[0, ctx - B + i + 1)`` (DeepGEMM ``fp8_mqa_logits`` semantics).
     """
@@ -94,10 +97,15 @@ class Shape:
     next_n: int | None = None
     ctx: int | str | None = None
     N: int | None = None
+    slots: str | None = None
+
+    def __post_init__(self):
+        if self.op == "store" and self.slots not in (None, "random", "pages"):
+            raise ValueError(f"store slots={self.slots!r}: must be 'random' or 'pages'")
 
     def label(self) -> str:
         if self.op == "store":
-            return f"store N={self.N}"
+            return f"store N={self.N}" + (" pages" if self.slots == "pages" else "")
         if self.op == "ragged_logits":
             return f"ragged_logits S={self.B} N={self.ctx}"
         return f"paged_logits B={self.B} next_n={self.next_n} ctx={self.ctx}"
@@ -108,7 +116,8 @@ def default_shapes(spec: Spec, quick: bool = False) -> list[Shape]:
 
     Full: paged_logits at ``B in {32, 128} x next_n in {1, 2} (those in spec.next_n) x ctx in
     {8192, 32768, 65536}``, plus ``B=128`` with mixed lengths per next_n; store at
-    ``N in {1, 128, 16384, 65536}``. ``quick``: paged_logits ``B=32, next_n=1`` (or the spec's
+    ``N in {1, 128, 16384, 65536}`` at random slots and ``N=65536`` at a prefill's slots (whole
+    pages). ``quick``: paged_logits ``B=32, next_n=1`` (or the spec's
     smallest next_n), ``ctx=8192``; store ``N in {128, 65536}``.
     """
     if quick:
@@ -124,6 +133,7 @@ def default_shapes(spec: Spec, quick: bool = False) -> list[Shape]:
                 out.append(Shape("paged_logits", B=B, next_n=nn, ctx=ctx))
         out.append(Shape("paged_logits", B=MIXED_B, next_n=nn, ctx="mixed"))
     out += [Shape("store", N=n) for n in (1, 128, 16384, 65536)]
+    out.append(Shape("store", N=65536, slots="pages"))
     out += [Shape("ragged_logits", B=S, ctx=n) for S, n in ((4096, 4096), (2048, 16384))]
     return out
 
@@ -271,15 +281,25 @@ def make_logits_inputs(spec: Spec, store: StoreFn, context_lens: Sequence[int], 
             "cache_bytes": num_pages * (spec.page_bytes + spec.scale_page_bytes)}
 
 
-def make_store_inputs(spec: Spec, N: int, seed: int, device) -> dict[str, Any]:
+def make_store_inputs(spec: Spec, N: int, seed: int, device, slots: str = "random") -> dict[str, Any]:
     """One fresh random input set for ``store``: ``k`` bf16 ``[N, head_dim]``, ``kv_cache``
     (random bytes, ``ceil(2N/page_size)+1`` pages), ``kv_scales`` (random bytes, the same pages,
-    separate specs; else None) and ``loc`` int64 ``[N]`` random distinct slots."""
+    separate specs; else None) and ``loc`` int64 ``[N]`` distinct slots: ``slots="random"``
+    anywhere in the pool, ``"pages"`` token ``i`` at offset ``i % page_size`` of the pool's page
+    ``perm[i // page_size]`` for a random page permutation ``perm`` (a prefill's slot mapping).
+    ValueError for another ``slots``."""
+    if slots not in ("random", "pages"):
+        raise ValueError(f"slots={slots!r}: must be 'random' or 'pages'")
     g = _gen(device, seed)
     num_pages = math.ceil(2 * N / spec.page_size) + 1
     cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=g, dtype=torch.uint8,
                           device=device)
-    loc = torch.randperm(num_pages * spec.page_size, generator=g, device=device)[:N].to(torch.int64)
+    if slots == "random":
+        loc = torch.randperm(num_pages * spec.page_size, generator=g, device=device)[:N].to(torch.int64)
+    else:
+        perm = torch.randperm(num_pages, generator=g, device=device).to(torch.int64)
+        i = torch.arange(N, dtype=torch.int64, device=device)
+        loc = perm[i // spec.page_size] * spec.page_size + i % spec.page_size
     k = random_keys_on(N, spec.head_dim, g, device)
     scales = (torch.randint(0, 256, (num_pages, spec.scale_page_bytes), generator=g, dtype=torch.uint8,
                             device=device) if spec.separate_scales else None)
@@ -541,6 +561,8 @@ _COLS = [  # (title, width, key, format)
 def _cell(row: dict, key: str, fmt: str) -> str:
     if key == "ctx_or_N":
         v = row.get("N") if row.get("op") == "store" else row.get("ctx")
+        if v is not None and row.get("op") == "store" and row.get("slots") == "pages":
+            return f"{v}p"          # a prefill's slots (whole pages)
         return "-" if v is None else str(v)
     v = row.get(key)
     if v is None:
@@ -647,7 +669,8 @@ class Bench:
 
     def _base_row(self, spec: Spec, shape: Shape) -> dict[str, Any]:
         return {"spec": spec.name, "spec_digest": spec.digest, "op": shape.op, "B": shape.B,
-                "next_n": shape.next_n, "ctx": shape.ctx, "N": shape.N, "us": None,
+                "next_n": shape.next_n, "ctx": shape.ctx, "N": shape.N,
+                "slots": (shape.slots or "random") if shape.op == "store" else None, "us": None,
                 "us_min": None, "us_max": None, "runs": None, "bytes": None, "GBps": None,
                 "pct_copy_bw": None, "copy_GBps": self.copy_GBps, "n_sets": None,
                 "sets_mb": None, "l2_scrub": False, "method": None, "spin_us": None,
@@ -839,8 +862,8 @@ class Bench:
         N = int(shape.N)
         touched = store_bytes(spec, N)
         n = num_sets(touched, self.l2_target, MIN_SETS, self.max_sets)
-        sets = [make_store_inputs(spec, N, self.seed * 1000 + 31 * i + 7, self.device)
-                for i in range(n)]
+        sets = [make_store_inputs(spec, N, self.seed * 1000 + 31 * i + 7, self.device,
+                                  shape.slots or "random") for i in range(n)]
         alloc = sum(s["kv_cache"].numel() + (0 if s["kv_scales"] is None else s["kv_scales"].numel())
                     + s["k"].numel() * 2 + N * 8 for s in sets)
         self.log(f"  .. {spec.name} {shape.label()}: {n} input sets ({alloc / 1e6:.1f} MB)")

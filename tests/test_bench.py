@@ -48,7 +48,11 @@ def test_default_shapes():
     assert {(s.B, s.ctx) for s in ragged} == {(4096, 4096), (2048, 16384)}
     assert len(logits) == 2 * (2 * 3 + 1)
     assert {(s.B, s.next_n, s.ctx) for s in logits} >= {(32, 1, 8192), (128, 2, 65536), (128, 1, "mixed")}
-    assert [s.N for s in stores] == [1, 128, 16384, 65536]
+    assert [(s.N, s.slots) for s in stores] == [(1, None), (128, None), (16384, None), (65536, None),
+                                                (65536, "pages")]
+    assert stores[-1].label() == "store N=65536 pages"
+    with pytest.raises(ValueError, match="slots"):
+        Bn.Shape("store", N=4, slots="sorted")
     only1 = Bn.default_shapes(FP8.with_(next_n=[1]))
     assert all(s.next_n in (None, 1) for s in only1)
     quick = Bn.default_shapes(FP8, quick=True)
@@ -146,6 +150,15 @@ def test_make_store_inputs_cpu():
     assert inp["kv_scales"] is None
     sep = Bn.make_store_inputs(SEP, 100, seed=1, device="cpu")
     assert sep["kv_scales"].shape == (sep["kv_cache"].shape[0], SEP.scale_page_bytes)
+    # a prefill's slots: 64 consecutive tokens per page, distinct pages in a random order
+    pre = Bn.make_store_inputs(FP8, 200, seed=2, device="cpu", slots="pages")["loc"]
+    assert pre.dtype == torch.int64 and len(set(pre.tolist())) == 200
+    assert torch.equal(pre % 64, torch.arange(200) % 64)
+    pages = (pre // 64).view(-1)[::64]
+    assert len(set(pages.tolist())) == 4
+    assert torch.equal(pre // 64, pages.repeat_interleave(64)[:200])
+    with pytest.raises(ValueError, match="slots"):
+        Bn.make_store_inputs(FP8, 10, seed=1, device="cpu", slots="sorted")
 
 
 def test_bench_rows_cpu():
@@ -157,7 +170,7 @@ def test_bench_rows_cpu():
     for spec in (FP8, BF16, SEP):
         ops = RefOps(spec)
         for shape in (Bn.Shape("paged_logits", B=2, next_n=2, ctx=130),
-                      Bn.Shape("store", N=5)):
+                      Bn.Shape("store", N=5), Bn.Shape("store", N=70, slots="pages")):
             rows.append(b.bench(ops, spec, shape))
     assert logs and all(r["error"] is None for r in rows), [r["error"] for r in rows]
     json.dumps(rows)                                       # serialisable
@@ -170,7 +183,8 @@ def test_bench_rows_cpu():
             assert r["fallback_us"] > 0 and r["speedup_vs_fallback"] > 0
             assert r["fallback_calc_diff"] is not None and r["fallback_calc_diff"] < 1e-3
         else:
-            assert r["bytes"] == Bn.store_bytes(spec, 5)
+            assert r["bytes"] == Bn.store_bytes(spec, r["N"])
+            assert r["slots"] == ("pages" if r["N"] == 70 else "random")
             assert r["bitwise_20_reruns"] is None
         assert r["GBps"] == pytest.approx(r["bytes"] / r["us"] / 1e3, rel=0.01, abs=0.1)
         # copy bandwidth 100 GB/s: the percentage equals the GB/s figure
