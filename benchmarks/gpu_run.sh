@@ -2,7 +2,7 @@
 # One device call: install, build + verify both shipped specs on the GPU, GPU tests, timing.
 # Usage on the device machine: bash benchmarks/gpu_run.sh [steps...]
 #   steps: precompile compile (SPECS, default all; COMPILE_ARGS) variants (VARIANT_SPECS) tests gputests quick bench benchall
-#          doctor startup compat recall launchprobe storeprobe timeline (TIMELINE_SHAPES); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT; TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
+#          doctor startup compat recall launchprobe storeprobe (PROBE_N, PROBE_TIMEOUT) timeline (TIMELINE_SHAPES); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT; TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CXX=/usr/bin/g++ DSAGEN_CACHE_DIR=/tmp/dsagen-cache

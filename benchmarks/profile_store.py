@@ -12,11 +12,7 @@ from dsagen.bench import make_store_inputs
 spec = dsagen.load_spec(sys.argv[1])
 N = int(sys.argv[2])
 ops = dsagen.load(spec)
-inp = make_store_inputs(spec, N, 1, "cuda")
-if len(sys.argv) > 3 and sys.argv[3] == "pages":
-    P = spec.page_size
-    pages = torch.randperm(inp["kv_cache"].shape[0], device="cuda")[: (N + P - 1) // P]
-    inp["loc"] = (pages[:, None] * P + torch.arange(P, device="cuda")).reshape(-1)[:N].contiguous()
+inp = make_store_inputs(spec, N, 1, "cuda", sys.argv[3] if len(sys.argv) > 3 else "random")
 for _ in range(3):
     ops.store(inp["k"], inp["kv_cache"], inp["loc"])
 torch.cuda.synchronize()

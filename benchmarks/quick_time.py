@@ -112,10 +112,10 @@ def store_sets(ops, spec, n, pattern, g, device="cuda"):
         cache = ops.new_cache(pages, device)
         k = random_keys(n, spec.head_dim, g, device)
         if pattern == "random":
-            loc = torch.randperm(pages * spec.page_size, device=device)[:n]
+            loc = torch.randperm(pages * spec.page_size, generator=g)[:n].to(device)
         else:
-            loc = (torch.randperm(pages, device=device)[:, None] * spec.page_size
-                   + torch.arange(spec.page_size, device=device)).flatten()[:n]
+            loc = (torch.randperm(pages, generator=g)[:, None] * spec.page_size
+                   + torch.arange(spec.page_size)).flatten()[:n].to(device)
         sets.append((k, cache, loc))
     return sets
 

@@ -3,14 +3,17 @@
 
 - ``dsagen``: the generated fp8_e4m3_page64 store (bf16 keys in, e4m3 + fp32 scale out);
 - ``probe Lx``: a kernel with the same loads and stores and no arithmetic (each token's 256 bf16
-  bytes read by L lanes, the high byte of each element written as its key byte, the first
-  element's bits as its scale): the floor for any store of this layout in this timing;
+  bytes read by L lanes in 16-byte loads, the high byte of each element written as its key byte
+  in 8-byte stores, the first 4 input bytes as its scale): the floor of this access pattern
+  (one 16-byte load per 8 key bytes, one 4-byte scale store per token) in this timing;
 - ``probe Lx noscale``: the same without the 4-byte scale writes;
 - ``x8 in a stream``: 8 calls between the two events, divided by 8 (what a call costs in a
   stream of kernels, launch gaps included, with the events' own overhead spread out).
 
-Inputs as benchmarks/store_time.py: N keys into a pool of 4N slots, distinct random slots
-(``random``) or whole pages in a random order (``pages``, a prefill); >= 256 MB of rotated sets.
+Inputs from ``quick_time.store_sets`` (as benchmarks/store_time.py): N keys into a pool of 4N
+slots (``dsagen bench`` uses about 2N, so the ``dsagen`` rows here are not its figures), distinct
+random slots (``random``) or whole pages in a random order (``pages``, a prefill); >= 256 MB of
+rotated sets.
 Usage: python benchmarks/store_probe.py [N ...]"""
 import os
 import statistics
@@ -21,6 +24,7 @@ from torch.utils.cpp_extension import load_inline
 
 import dsagen
 from dsagen.bench import store_bytes
+from dsagen.verify import random_keys
 from quick_time import copy_bw, store_sets, time_fn
 
 ROUNDS = 5
@@ -51,7 +55,15 @@ __global__ void __launch_bounds__(256) probe(const uint4* __restrict__ k, uint8_
 }
 
 void run(torch::Tensor k, torch::Tensor cache, torch::Tensor loc, int64_t lanes, bool scale) {
+  TORCH_CHECK(k.is_cuda() && k.is_contiguous() && k.scalar_type() == at::kBFloat16 && k.dim() == 2 &&
+              k.size(1) == 128, "k: contiguous bf16 [n, 128] on CUDA");
+  TORCH_CHECK(cache.is_cuda() && cache.is_contiguous() && cache.scalar_type() == at::kByte &&
+              cache.numel() % 8448 == 0, "cache: contiguous uint8 pages of 8448 bytes on CUDA");
+  TORCH_CHECK(loc.is_cuda() && loc.is_contiguous() && loc.scalar_type() == at::kLong && loc.numel() == k.size(0),
+              "loc: contiguous int64 [n] on CUDA");
+  TORCH_CHECK(lanes == 4 || lanes == 8 || lanes == 16, "lanes: 4, 8 or 16");
   const int64_t n = k.size(0);
+  if (n == 0) return;
   auto s = c10::cuda::getCurrentCUDAStream();
   auto kp = reinterpret_cast<const uint4*>(k.data_ptr());
   auto cp = cache.data_ptr<uint8_t>();
@@ -60,6 +72,7 @@ void run(torch::Tensor k, torch::Tensor cache, torch::Tensor loc, int64_t lanes,
     if (scale) probe<LL, true><<<g, 256, 0, s>>>(kp, cp, lp, n); else probe<LL, false><<<g, 256, 0, s>>>(kp, cp, lp, n); }
   if (lanes == 4) P(4) else if (lanes == 8) P(8) else P(16)
 #undef P
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 """
 CPP = "void run(torch::Tensor k, torch::Tensor cache, torch::Tensor loc, int64_t lanes, bool scale);"
@@ -68,22 +81,33 @@ CPP = "void run(torch::Tensor k, torch::Tensor cache, torch::Tensor loc, int64_t
 def main(ns):
     bw = copy_bw()
     spec = dsagen.load_spec(os.path.join(os.path.dirname(__file__), "..", "specs", "fp8_e4m3_page64.yaml"))
+    lay = spec.layout      # the probe's constants are this layout's
+    assert (lay.page_stride, spec.page_size, lay.key_token_stride, lay.scale_base) == (8448, 64, 128, 8192)
     ops = dsagen.load(spec, with_cuda=True)
     ext = load_inline("dsagen_store_probe", CPP, cuda_sources=SRC, functions=["run"],
                       extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
     print(f"copy bandwidth {bw:.0f} GB/s; card {torch.cuda.get_device_name()}", flush=True)
     g = torch.Generator().manual_seed(11)
-    # the probe writes what it should: the high bytes of the keys, the scale bits
-    k, cache, loc = store_sets(ops, spec, 256, "random", g)[0]
-    ext.run(k, cache, loc, 8, True)
-    torch.cuda.synchronize()
-    flat = cache.view(-1)
-    start = (loc // 64) * 8448 + (loc % 64) * 128
-    keys = flat[start[:, None] + torch.arange(128, device="cuda")]
-    want = k.view(torch.uint8).view(256, 128, 2)[:, :, 1]
-    assert torch.equal(keys, want), "probe wrote the wrong key bytes"
-    sc = flat[((loc // 64) * 8448 + 8192 + (loc % 64) * 4)[:, None] + torch.arange(4, device="cuda")]
-    assert torch.equal(sc, k.view(torch.uint8).view(256, 256)[:, :4]), "probe wrote the wrong scale bytes"
+    # every probe variant writes what it should (the high bytes of the keys, the scale bits) to
+    # its slots, and nothing else
+    n, pages = 256, 16
+    k = random_keys(n, 128, g, "cuda")
+    loc = torch.randperm(pages * 64, generator=g)[:n].cuda()
+    key_at = ((loc // 64) * 8448 + (loc % 64) * 128)[:, None] + torch.arange(128, device="cuda")
+    scale_at = ((loc // 64) * 8448 + 8192 + (loc % 64) * 4)[:, None] + torch.arange(4, device="cuda")
+    for lanes, scale in ((4, True), (8, True), (16, True), (8, False)):
+        cache = torch.zeros(pages, 8448, dtype=torch.uint8, device="cuda")
+        ext.run(k, cache, loc, lanes, scale)
+        flat = cache.view(-1)
+        assert torch.equal(flat[key_at], k.view(torch.uint8).view(n, 128, 2)[:, :, 1]), (lanes, "key bytes")
+        if scale:
+            assert torch.equal(flat[scale_at], k.view(torch.uint8).view(n, 256)[:, :4]), (lanes, "scale bytes")
+        else:
+            assert not flat[scale_at].any(), (lanes, "a scale written")
+        rest = torch.ones_like(flat, dtype=torch.bool)
+        rest[key_at.flatten()] = False
+        rest[scale_at.flatten()] = False
+        assert not flat[rest].any(), (lanes, "bytes outside the slots written")
     variants = {
         "dsagen": lambda a: ops.store(*a),
         "probe 4x": lambda a: ext.run(*a, 4, True),

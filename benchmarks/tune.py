@@ -38,7 +38,7 @@ def main(path, tunings):
                 row = V.check_logits(ops, spec, ctx, next_n, g, "cuda", reruns=3)
                 acc.append(f"{row.rel_l2:.2e}{'' if row.passed else '!'}")
         print(f"{spec.name} {tuning}: rel_l2 {' '.join(acc)}", flush=True)
-        if os.environ.get("TUNE_STORE"):   # store: bitwise check, then N=128 and 65536 (random slots)
+        if os.environ.get("TUNE_STORE"):   # store: bitwise check, then N=128 and 65536 (random slots), 65536 (whole pages)
             rows = [V.check_store(ops, spec, n, g, "cuda") for n in (1, 77, 4096)]
             print(f"{spec.name} {tuning}: store {' '.join('ok' if r.passed else 'FAIL ' + r.note for r in rows)}", flush=True)
             for n, pattern in ((128, "random"), (65536, "random"), (65536, "pages")):

@@ -78,6 +78,9 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # shapes and byte counts (pure)
 # --------------------------------------------------------------------------------------------
+STORE_SLOTS = ("random", "pages")   # store slot patterns (Shape.slots, make_store_inputs)
+
+
 @dataclass(frozen=True)
 class Shape:
     """One benchmark case.
@@ -100,8 +103,14 @@ class Shape:
     slots: str | None = None
 
     def __post_init__(self):
-        if self.op == "store" and self.slots not in (None, "random", "pages"):
-            raise ValueError(f"store slots={self.slots!r}: must be 'random' or 'pages'")
+        if self.slots is None:
+            return
+        if self.op != "store":
+            raise ValueError(f"slots={self.slots!r} is a store shape's field (op={self.op!r})")
+        if self.slots not in STORE_SLOTS:
+            raise ValueError(f"store slots={self.slots!r}: must be one of {', '.join(STORE_SLOTS)}")
+        if self.slots == "random":          # one spelling of the default: equal shapes compare equal
+            object.__setattr__(self, "slots", None)
 
     def label(self) -> str:
         if self.op == "store":
@@ -117,7 +126,7 @@ def default_shapes(spec: Spec, quick: bool = False) -> list[Shape]:
     Full: paged_logits at ``B in {32, 128} x next_n in {1, 2} (those in spec.next_n) x ctx in
     {8192, 32768, 65536}``, plus ``B=128`` with mixed lengths per next_n; store at
     ``N in {1, 128, 16384, 65536}`` at random slots and ``N=65536`` at a prefill's slots (whole
-    pages). ``quick``: paged_logits ``B=32, next_n=1`` (or the spec's
+    pages; not for a page size of 1, where the two patterns are the same). ``quick``: paged_logits ``B=32, next_n=1`` (or the spec's
     smallest next_n), ``ctx=8192``; store ``N in {128, 65536}``.
     """
     if quick:
@@ -133,7 +142,8 @@ def default_shapes(spec: Spec, quick: bool = False) -> list[Shape]:
                 out.append(Shape("paged_logits", B=B, next_n=nn, ctx=ctx))
         out.append(Shape("paged_logits", B=MIXED_B, next_n=nn, ctx="mixed"))
     out += [Shape("store", N=n) for n in (1, 128, 16384, 65536)]
-    out.append(Shape("store", N=65536, slots="pages"))
+    if spec.page_size > 1:
+        out.append(Shape("store", N=65536, slots="pages"))
     out += [Shape("ragged_logits", B=S, ctx=n) for S, n in ((4096, 4096), (2048, 16384))]
     return out
 
@@ -288,8 +298,8 @@ def make_store_inputs(spec: Spec, N: int, seed: int, device, slots: str = "rando
     anywhere in the pool, ``"pages"`` token ``i`` at offset ``i % page_size`` of the pool's page
     ``perm[i // page_size]`` for a random page permutation ``perm`` (a prefill's slot mapping).
     ValueError for another ``slots``."""
-    if slots not in ("random", "pages"):
-        raise ValueError(f"slots={slots!r}: must be 'random' or 'pages'")
+    if slots not in STORE_SLOTS:
+        raise ValueError(f"slots={slots!r}: must be one of {', '.join(STORE_SLOTS)}")
     g = _gen(device, seed)
     num_pages = math.ceil(2 * N / spec.page_size) + 1
     cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=g, dtype=torch.uint8,
@@ -971,7 +981,8 @@ def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | No
         quick: the short shape list of :func:`default_shapes` (smoke test).
         shapes: override the shape list: :class:`Shape` objects or dicts of its fields
             (``{"op": "paged_logits", "B": 32, "next_n": 1, "ctx": 8192}``,
-            ``{"op": "store", "N": 128}``), used for every spec.
+            ``{"op": "store", "N": 128}``, ``{"op": "store", "N": 65536, "slots": "pages"}``),
+            used for every spec.
         method: ``"spin"`` (default; env ``DSAGEN_BENCH_METHOD``) or ``"graph"``.
         runs: timed runs per kernel (default 100, quick 50; never fewer than 50).
         seed: input seed.

@@ -53,6 +53,11 @@ def test_default_shapes():
     assert stores[-1].label() == "store N=65536 pages"
     with pytest.raises(ValueError, match="slots"):
         Bn.Shape("store", N=4, slots="sorted")
+    with pytest.raises(ValueError, match="slots"):
+        Bn.Shape("paged_logits", B=1, next_n=1, ctx=8, slots="pages")
+    assert Bn.Shape("store", N=8, slots="random") == Bn.Shape("store", N=8)
+    page1 = Bn.default_shapes(FP8.with_(page_size=1))      # whole pages = random slots there
+    assert [s.N for s in page1 if s.op == "store"] == [1, 128, 16384, 65536]
     only1 = Bn.default_shapes(FP8.with_(next_n=[1]))
     assert all(s.next_n in (None, 1) for s in only1)
     quick = Bn.default_shapes(FP8, quick=True)
@@ -150,13 +155,18 @@ def test_make_store_inputs_cpu():
     assert inp["kv_scales"] is None
     sep = Bn.make_store_inputs(SEP, 100, seed=1, device="cpu")
     assert sep["kv_scales"].shape == (sep["kv_cache"].shape[0], SEP.scale_page_bytes)
-    # a prefill's slots: 64 consecutive tokens per page, distinct pages in a random order
-    pre = Bn.make_store_inputs(FP8, 200, seed=2, device="cpu", slots="pages")["loc"]
-    assert pre.dtype == torch.int64 and len(set(pre.tolist())) == 200
-    assert torch.equal(pre % 64, torch.arange(200) % 64)
-    pages = (pre // 64).view(-1)[::64]
-    assert len(set(pages.tolist())) == 4
-    assert torch.equal(pre // 64, pages.repeat_interleave(64)[:200])
+    # a prefill's slots: page_size consecutive tokens per page, distinct pages in a random order
+    for spec in (FP8, FP8.with_(page_size=1)):
+        ps = spec.page_size
+        for n in (1, 63, 64, 65, 200):
+            inp = Bn.make_store_inputs(spec, n, seed=2, device="cpu", slots="pages")
+            pre = inp["loc"]
+            assert pre.dtype == torch.int64 and len(set(pre.tolist())) == n
+            assert 0 <= int(pre.min()) and int(pre.max()) < inp["kv_cache"].shape[0] * ps
+            assert torch.equal(pre % ps, torch.arange(n) % ps)
+            pages = pre[::ps] // ps
+            assert len(set(pages.tolist())) == -(-n // ps)
+            assert torch.equal(pre // ps, pages.repeat_interleave(ps)[:n])
     with pytest.raises(ValueError, match="slots"):
         Bn.make_store_inputs(FP8, 10, seed=1, device="cpu", slots="sorted")
 
@@ -216,6 +226,7 @@ def test_table_formatting():
          "speedup_vs_fallback": None, "deepgemm_us": None, "bitwise_20_reruns": None},
         {"spec": "bf16_page64", "op": "paged_logits", "B": 32, "next_n": 1, "ctx": 8192,
          "bitwise_20_reruns": False, "error": "RuntimeError: boom"},
+        {"spec": "bf16_page64", "op": "store", "N": 65536, "slots": "pages", "us": 9.0},
     ]
     head = Bn.format_header()
     lines = [Bn.format_row(r) for r in rows[1:]]
@@ -229,12 +240,13 @@ def test_table_formatting():
     assert lines[1].split()[:8] == ["bf16_page64", "store", "-", "-", "65536", "9.9", "1200", "28.6"]
     assert lines[1].split()[-1] == "-"
     assert lines[2].endswith("ERROR: RuntimeError: boom") and " NO " in lines[2]
+    assert lines[3].split()[4] == "65536p"                  # a prefill's slots
     # the right edge of every numeric column lines up with its title
     for title in ("us", "GB/s", "%copy", "bitwise"):
         end = head.index(title) + len(title)
         assert lines[0][end - 1] != " "
     table = Bn.format_table(rows)
-    assert table.splitlines()[0] == head and len(table.splitlines()) == 4
+    assert table.splitlines()[0] == head and len(table.splitlines()) == 5
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
