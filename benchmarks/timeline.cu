@@ -17,7 +17,9 @@
 // the min / median / max over CTAs of (mark - earliest CTA start) in us, medians over the runs;
 // then whether an SM's finish time (its CTA's last math warpgroup done, over the run's median)
 // repeats from run to run: the correlation over SMs between even and odd runs, the slowest and
-// fastest SMs.
+// fastest SMs. The marks also record %clock64: each CTA's SM clock from its start to its finish
+// (median over CTAs, then over runs). Last, the same launches back to back without a host sync
+// between runs (as dsagen bench times them): their event time and the last run's SM clock.
 #include "paged_logits.cu"
 #ifdef DSAGEN_HAS_SMALL
 #include "paged_logits_small.cu"
@@ -27,6 +29,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
@@ -114,6 +117,8 @@ int main(int argc, char** argv) {
   std::vector<double> sm_sum[2], sm_n[2];          // per SM: normalized finish, even / odd runs
   for (int h = 0; h < 2; ++h) { sm_sum[h].assign(kMaxSms, 0.0); sm_n[h].assign(kMaxSms, 0.0); }
   std::vector<float> times;
+  std::vector<double> mhz;                         // per run: median over CTAs of the SM clock
+  std::vector<unsigned long long> clk(kMaxCtas * kStride);
   std::vector<std::vector<double>> mn(kMarks), md(kMarks), mx(kMarks);
   std::vector<double> res;
   const char* which = "main";
@@ -132,9 +137,11 @@ int main(int argc, char** argv) {
     CHECK(cudaEventElapsedTime(&ms, e0, e1));
     times.push_back(ms * 1000.f);
     CHECK(cudaMemcpyFromSymbol(tl.data(), ns::dsagen_timeline, sizeof(ns::dsagen_timeline)));
+    CHECK(cudaMemcpyFromSymbol(clk.data(), ns::dsagen_timeline_clk, sizeof(ns::dsagen_timeline_clk)));
 #ifdef DSAGEN_HAS_SMALL
     if (tl[0] == 0) {
       CHECK(cudaMemcpyFromSymbol(tl.data(), ns::small::dsagen_timeline, sizeof(ns::small::dsagen_timeline)));
+      CHECK(cudaMemcpyFromSymbol(clk.data(), ns::small::dsagen_timeline_clk, sizeof(ns::small::dsagen_timeline_clk)));
       which = "small";
     }
 #endif
@@ -166,6 +173,18 @@ int main(int argc, char** argv) {
       md[m].push_back(v[v.size() / 2]);
       mx[m].push_back(v.back());
     }
+    // each CTA's SM clock from its start (mark 0) to its finish (mark 6, else 5): %clock64 cycles
+    // over %globaltimer ns (the timer ticks in steps of about 32 ns: CTAs shorter than ~10 us skipped)
+    {
+      std::vector<double> f;
+      for (int c = 0; c < ctas; ++c) {
+        const int e = tl[c * kStride + 6] ? 6 : 5;
+        const unsigned long long dt = tl[c * kStride + e] - tl[c * kStride];
+        if (tl[c * kStride + e] != 0 && clk[c * kStride + e] > clk[c * kStride] && dt > 10000)
+          f.push_back(double(clk[c * kStride + e] - clk[c * kStride]) / double(dt) * 1000.0);
+      }
+      if (!f.empty()) { std::sort(f.begin(), f.end()); mhz.push_back(f[f.size() / 2]); }
+    }
     // each SM's finish (mark 6, else 5) over this run's median finish
     std::vector<std::pair<int, double>> fin;
     for (int c = 0; c < ctas; ++c) {
@@ -187,6 +206,9 @@ int main(int argc, char** argv) {
                        4.0 * B * next_n * ns::kNumHeads + 4.0 * B * next_n * ctx;
   printf("B=%d ctx=%d next_n=%d: event time median %.2f us (min %.2f) over %d runs, %.1f MB, %.0f GB/s\n", B, ctx,
          next_n, med(tv), *std::min_element(tv.begin(), tv.end()), reps, bytes / 1e6, bytes / med(tv) / 1e3);
+  if (!mhz.empty())
+    printf("SM clock from CTA start to finish: median over CTAs %.0f MHz (median over runs; %.0f..%.0f)\n",
+           med(mhz), *std::min_element(mhz.begin(), mhz.end()), *std::max_element(mhz.begin(), mhz.end()));
   const char* names[kMarks] = {"CTA start", "schedule known", "first TMA issued", "first keys arrived",
                                "first tile done", "WG0 last tile done", "last WG done", "last TMA issued",
                                "(SM id)", "context_lens back", "CTA's share known", "producer regs set",
@@ -220,6 +242,46 @@ int main(int argc, char** argv) {
     for (size_t i = both.size() > 8 ? both.size() - 8 : 0; i < both.size(); ++i)
       printf(" %d(%.3f)", both[i].second, both[i].first);
     printf("\n");
+  }
+  // The same launches back to back, as dsagen bench times them (a spin before each, no host sync
+  // in between, so the GPU stays busy): event times of every run, the SM clock of the last one.
+  {
+    std::vector<cudaEvent_t> b0(reps), b1(reps);
+    for (int r = 0; r < reps; ++r) { CHECK(cudaEventCreate(&b0[r])); CHECK(cudaEventCreate(&b1[r])); }
+    CHECK(cudaDeviceSynchronize());
+    for (int r = 0; r < reps; ++r) {
+      spin<<<1, 1, 0, st>>>(60000);   // ~30 us, as dsagen bench's shortest spin
+      CHECK(cudaEventRecord(b0[r], st));
+      launch(sets[r % kSets]);
+      CHECK(cudaEventRecord(b1[r], st));
+    }
+    CHECK(cudaStreamSynchronize(st));
+    std::vector<double> bt_us;
+    for (int r = 0; r < reps; ++r) {
+      float ms = 0;
+      CHECK(cudaEventElapsedTime(&ms, b0[r], b1[r]));
+      bt_us.push_back(ms * 1000.0);
+    }
+    CHECK(cudaMemcpyFromSymbol(tl.data(), ns::dsagen_timeline, sizeof(ns::dsagen_timeline)));
+    CHECK(cudaMemcpyFromSymbol(clk.data(), ns::dsagen_timeline_clk, sizeof(ns::dsagen_timeline_clk)));
+#ifdef DSAGEN_HAS_SMALL
+    if (std::string(which) == "small") {
+      CHECK(cudaMemcpyFromSymbol(tl.data(), ns::small::dsagen_timeline, sizeof(ns::small::dsagen_timeline)));
+      CHECK(cudaMemcpyFromSymbol(clk.data(), ns::small::dsagen_timeline_clk, sizeof(ns::small::dsagen_timeline_clk)));
+    }
+#endif
+    std::vector<double> f;
+    for (int c = 0; c < kMaxCtas && tl[c * kStride] != 0; ++c) {
+      const int e = tl[c * kStride + 6] ? 6 : 5;
+      const unsigned long long dt = tl[c * kStride + e] - tl[c * kStride];
+      if (tl[c * kStride + e] > tl[c * kStride] && clk[c * kStride + e] > clk[c * kStride] && dt > 10000)
+        f.push_back(double(clk[c * kStride + e] - clk[c * kStride]) / double(dt) * 1000.0);
+    }
+    std::sort(f.begin(), f.end());
+    printf("back to back (%d runs, no host sync): event time median %.2f us (min %.2f); SM clock of the last "
+           "run %.0f MHz\n", reps, med(bt_us), *std::min_element(bt_us.begin(), bt_us.end()),
+           f.empty() ? -1.0 : f[f.size() / 2]);
+    for (int r = 0; r < reps; ++r) { CHECK(cudaEventDestroy(b0[r])); CHECK(cudaEventDestroy(b1[r])); }
   }
   return 0;
 }

@@ -7,8 +7,9 @@ Renders SPEC with the tuning (default {}), builds benchmarks/timeline.cu around 
 paged_logits.cu (and paged_logits_small.cu) with -DDSAGEN_TIMELINE (the template's DSAGEN_MARK
 points record %globaltimer and %smid per CTA; the dsagen build never sets it) and the JIT's
 nvcc flags, and runs it per shape: CUDA-event time of a spin-hidden launch, then per mark the
-min / median / max over CTAs of the time since the earliest CTA start, and whether the same SMs
-finish late in every run (env TIMELINE_REPS: runs per shape, default 30, at least 2). The build
+min / median / max over CTAs of the time since the earliest CTA start, the SM clock while the
+CTAs run (%clock64 over %globaltimer), the event time of the same launches back to back, and
+whether the same SMs finish late in every run (env TIMELINE_REPS: runs per shape, default 30, at least 2). The build
 directory is printed and kept. A development probe (sm_90a, specs with the ws kernel), not a
 test.
 """
