@@ -10,14 +10,13 @@ Usage: python benchmarks/data_probe.py [BxCTX ...]   (default 128x32768 32x32768
 Written in the seventeenth session and not yet run on a GPU (the device call was refused);
 its byte recoding is checked on the CPU only."""
 import os
-import statistics
 import sys
 
 import torch
 
 import dsagen
 from dsagen.bench import paged_logits_bytes
-from quick_time import copy_bw, decode_inputs, time_fn
+from quick_time import copy_bw, decode_inputs, print_medians, time_fn
 
 ROUNDS = 5
 
@@ -63,11 +62,7 @@ def main(shapes):
                 for kind, sets in kinds.items():
                     fns = [lambda a=a: ops.paged_logits(*a, ctx, True) for a in sets]
                     res.setdefault(kind, []).append(time_fn(fns, iters=100))
-            nbytes = paged_logits_bytes(spec, B, nn, B * ctx, ctx)
-            for kind, v in res.items():
-                us = statistics.median(v)
-                print(f"B={B} ctx={ctx} next_n={nn} {kind:7s} {us:8.2f} us {100 * nbytes / us / 1e3 / bw:5.1f} % "
-                      f"rounds {' '.join(f'{x:.2f}' for x in v)}", flush=True)
+            print_medians(f"B={B} ctx={ctx} next_n={nn}", res, paged_logits_bytes(spec, B, nn, B * ctx, ctx), bw)
             del kinds
             torch.cuda.empty_cache()
 

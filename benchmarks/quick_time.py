@@ -43,6 +43,15 @@ def time_fn(fns, iters=50):
     return v[len(v) // 2]
 
 
+def print_medians(label, res, nbytes, bw):
+    """One line per entry of res ({name: [us per round]}): the median, GB/s and % of the copy
+    bandwidth bw for nbytes moved, and the rounds."""
+    for name, v in res.items():
+        us = statistics.median(v)
+        print(f"{label} {name:24s} {us:8.2f} us {nbytes / us / 1e3:6.0f} GB/s {100 * nbytes / us / 1e3 / bw:5.1f} %   "
+              f"rounds {' '.join(f'{x:.2f}' for x in v)}", flush=True)
+
+
 def _build(path, tuning):
     # in a fresh process: build (or find) the extension without loading it
     from dsagen import jit

@@ -16,7 +16,6 @@ random slots (``random``) or whole pages in a random order (``pages``, a prefill
 rotated sets.
 Usage: python benchmarks/store_probe.py [N ...]"""
 import os
-import statistics
 import sys
 
 import torch
@@ -25,7 +24,7 @@ from torch.utils.cpp_extension import load_inline
 import dsagen
 from dsagen.bench import store_bytes
 from dsagen.verify import random_keys
-from quick_time import copy_bw, store_sets, time_fn
+from quick_time import copy_bw, print_medians, store_sets, time_fn
 
 ROUNDS = 5
 SRC = r"""
@@ -128,10 +127,7 @@ def main(ns):
                 res.setdefault("dsagen x8 in a stream", []).append(time_fn(fs, iters=50) / 8)
                 fs = [lambda j=j: [ext.run(*sets[(j + i) % len(sets)], 8, True) for i in range(8)] for j in range(len(sets))]
                 res.setdefault("probe 8x x8 in a stream", []).append(time_fn(fs, iters=50) / 8)
-            for name, v in res.items():
-                us = statistics.median(v)
-                print(f"N={n:6d} {pattern:6s} {name:24s} {us:7.2f} us  {nbytes / us / 1e3:6.0f} GB/s "
-                      f"{100 * nbytes / us / 1e3 / bw:5.1f} %   rounds {' '.join(f'{x:.2f}' for x in v)}", flush=True)
+            print_medians(f"N={n:6d} {pattern:6s}", res, nbytes, bw)
             del sets
             torch.cuda.empty_cache()
     print(f"empty kernel: {min(time_fn([lambda: torch.cuda._sleep(0)], iters=200) for _ in range(3)):6.2f} us", flush=True)
