@@ -21,11 +21,13 @@ from quick_time import copy_bw, decode_inputs, print_medians, time_fn
 ROUNDS = 5
 
 
-def recode(t: torch.Tensor, kind: str, g: torch.Generator, keys_only_pages: bool = False) -> None:
-    """Overwrite the bytes of t (uint8 view) in place: ``masked`` or ``bytes`` (see the module)."""
+def recode(t: torch.Tensor, kind: str, g: torch.Generator, layout=None) -> None:
+    """Overwrite the bytes of t (uint8 view) in place: ``masked`` or ``bytes`` (see the module).
+    ``layout`` (a page-tail ``Spec.layout``): t is a kv_cache and only each page's key bytes (the
+    ``scale_base`` bytes before its scales) change."""
     b = t.view(torch.uint8)
-    if keys_only_pages:                    # kv_cache: only the 8192 key bytes of each page
-        b = b.view(-1, 8448)[:, :8192]
+    if layout is not None:
+        b = b.view(-1, layout.page_stride)[:, :layout.scale_base]
     r = torch.randint(0, 256, b.shape, generator=g, dtype=torch.uint8, device=b.device)
     if kind == "masked":
         r &= 0x37
@@ -53,7 +55,7 @@ def main(shapes):
                         if kind == "masked":
                             recode(cache, kind, gc)              # keys and scales, as timeline.cu
                         else:
-                            recode(cache, kind, gc, keys_only_pages=True)
+                            recode(cache, kind, gc, spec.layout)
                         recode(q, kind, gc)
                     sets.append((q, cache, w, cl, bt))
                 kinds[kind] = sets

@@ -23,17 +23,23 @@ from torch.utils.cpp_extension import load_inline
 
 import dsagen
 from dsagen.bench import store_bytes
+from dsagen.codegen import namespace, render
+from dsagen.reference import _offsets
 from dsagen.verify import random_keys
 from quick_time import copy_bw, print_medians, store_sets, time_fn
 
 ROUNDS = 5
+# the spec's rendered layout.h (key_offset, scale_offset, kPageStride) comes first; NS its namespace
 SRC = r"""
 #include <torch/extension.h>
 #include <cuda_runtime.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cstdint>
 
-// page-tail layout of fp8_e4m3_page64: 64 keys of 128 B, then 64 fp32 scales
+using namespace NS;
+static_assert(kHeadDim == 128 && kKeyBytes == 128 && kScaleBytes == 4 && kKeyTokenStride % 8 == 0,
+              "the probe writes one byte per element and one 4-byte scale per token");
+
 template <int L, bool SCALE>
 __global__ void __launch_bounds__(256) probe(const uint4* __restrict__ k, uint8_t* __restrict__ cache,
                                              const int64_t* __restrict__ loc, int64_t n) {
@@ -45,19 +51,18 @@ __global__ void __launch_bounds__(256) probe(const uint4* __restrict__ k, uint8_
 #pragma unroll
   for (int i = 0; i < V; ++i) v[i] = __ldcs(k + t * 16 + i * L + sub);
   const int64_t slot = __ldcs(loc + t);
-  uint8_t* page = cache + (slot / 64) * 8448;
-  uint2* dst = reinterpret_cast<uint2*>(page + (slot % 64) * 128);
+  uint2* dst = reinterpret_cast<uint2*>(cache + key_offset(slot));
 #pragma unroll
   for (int i = 0; i < V; ++i)
     dst[i * L + sub] = make_uint2(__byte_perm(v[i].x, v[i].y, 0x7531), __byte_perm(v[i].z, v[i].w, 0x7531));
-  if (SCALE && sub == 0) *reinterpret_cast<uint32_t*>(page + 8192 + (slot % 64) * 4) = v[0].x;
+  if (SCALE && sub == 0) *reinterpret_cast<uint32_t*>(cache + scale_offset(slot)) = v[0].x;
 }
 
 void run(torch::Tensor k, torch::Tensor cache, torch::Tensor loc, int64_t lanes, bool scale) {
   TORCH_CHECK(k.is_cuda() && k.is_contiguous() && k.scalar_type() == at::kBFloat16 && k.dim() == 2 &&
               k.size(1) == 128, "k: contiguous bf16 [n, 128] on CUDA");
   TORCH_CHECK(cache.is_cuda() && cache.is_contiguous() && cache.scalar_type() == at::kByte &&
-              cache.numel() % 8448 == 0, "cache: contiguous uint8 pages of 8448 bytes on CUDA");
+              cache.numel() % kPageStride == 0, "cache: contiguous uint8 pages on CUDA");
   TORCH_CHECK(loc.is_cuda() && loc.is_contiguous() && loc.scalar_type() == at::kLong && loc.numel() == k.size(0),
               "loc: contiguous int64 [n] on CUDA");
   TORCH_CHECK(lanes == 4 || lanes == 8 || lanes == 16, "lanes: 4, 8 or 16");
@@ -80,10 +85,9 @@ CPP = "void run(torch::Tensor k, torch::Tensor cache, torch::Tensor loc, int64_t
 def main(ns):
     bw = copy_bw()
     spec = dsagen.load_spec(os.path.join(os.path.dirname(__file__), "..", "specs", "fp8_e4m3_page64.yaml"))
-    lay = spec.layout      # the probe's constants are this layout's
-    assert (lay.page_stride, spec.page_size, lay.key_token_stride, lay.scale_base) == (8448, 64, 128, 8192)
     ops = dsagen.load(spec, with_cuda=True)
-    ext = load_inline("dsagen_store_probe", CPP, cuda_sources=SRC, functions=["run"],
+    src = render(spec)["layout.h"] + SRC.replace("NS", namespace(spec))
+    ext = load_inline("dsagen_store_probe", CPP, cuda_sources=src, functions=["run"],
                       extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
     print(f"copy bandwidth {bw:.0f} GB/s; card {torch.cuda.get_device_name()}", flush=True)
     g = torch.Generator().manual_seed(11)
@@ -91,11 +95,12 @@ def main(ns):
     # its slots, and nothing else
     n, pages = 256, 16
     k = random_keys(n, 128, g, "cuda")
-    loc = torch.randperm(pages * 64, generator=g)[:n].cuda()
-    key_at = ((loc // 64) * 8448 + (loc % 64) * 128)[:, None] + torch.arange(128, device="cuda")
-    scale_at = ((loc // 64) * 8448 + 8192 + (loc % 64) * 4)[:, None] + torch.arange(4, device="cuda")
+    loc = torch.randperm(pages * spec.page_size, generator=g)[:n].cuda()
+    key_off, scale_off = _offsets(spec, loc)
+    key_at = key_off[:, None] + torch.arange(128, device="cuda")
+    scale_at = scale_off[:, None] + torch.arange(4, device="cuda")
     for lanes, scale in ((4, True), (8, True), (16, True), (8, False)):
-        cache = torch.zeros(pages, 8448, dtype=torch.uint8, device="cuda")
+        cache = ops.new_cache(pages, "cuda")
         ext.run(k, cache, loc, lanes, scale)
         flat = cache.view(-1)
         assert torch.equal(flat[key_at], k.view(torch.uint8).view(n, 128, 2)[:, :, 1]), (lanes, "key bytes")

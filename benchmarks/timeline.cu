@@ -122,6 +122,34 @@ int main(int argc, char** argv) {
   std::vector<std::vector<double>> mn(kMarks), md(kMarks), mx(kMarks);
   std::vector<double> res;
   const char* which = "main";
+  // this run's marks and clocks of the main kernel, or of the small-work kernel
+  auto read_marks = [&](bool small) {
+#ifdef DSAGEN_HAS_SMALL
+    if (small) {
+      CHECK(cudaMemcpyFromSymbol(tl.data(), ns::small::dsagen_timeline, sizeof(ns::small::dsagen_timeline)));
+      CHECK(cudaMemcpyFromSymbol(clk.data(), ns::small::dsagen_timeline_clk, sizeof(ns::small::dsagen_timeline_clk)));
+      return;
+    }
+#endif
+    (void)small;
+    CHECK(cudaMemcpyFromSymbol(tl.data(), ns::dsagen_timeline, sizeof(ns::dsagen_timeline)));
+    CHECK(cudaMemcpyFromSymbol(clk.data(), ns::dsagen_timeline_clk, sizeof(ns::dsagen_timeline_clk)));
+  };
+  // the median over CTAs of the SM clock (MHz) from a CTA's start (mark 0) to its finish (mark 6,
+  // else 5): %clock64 cycles over %globaltimer ns (the timer ticks in steps of about 32 ns: CTAs
+  // shorter than 10 us are skipped); -1 when none
+  auto sm_clock_mhz = [&]() {
+    std::vector<double> f;
+    for (int c = 0; c < kMaxCtas && tl[c * kStride] != 0; ++c) {
+      const int e = tl[c * kStride + 6] ? 6 : 5;
+      const unsigned long long dt = tl[c * kStride + e] - tl[c * kStride];
+      if (tl[c * kStride + e] > tl[c * kStride] && clk[c * kStride + e] > clk[c * kStride] && dt > 10000)
+        f.push_back(double(clk[c * kStride + e] - clk[c * kStride]) / double(dt) * 1000.0);
+    }
+    if (f.empty()) return -1.0;
+    std::sort(f.begin(), f.end());
+    return f[f.size() / 2];
+  };
   for (int r = 0; r < reps; ++r) {
     CHECK(cudaMemcpyToSymbol(ns::dsagen_timeline, zero.data(), sizeof(ns::dsagen_timeline)));
 #ifdef DSAGEN_HAS_SMALL
@@ -136,12 +164,10 @@ int main(int argc, char** argv) {
     float ms = 0;
     CHECK(cudaEventElapsedTime(&ms, e0, e1));
     times.push_back(ms * 1000.f);
-    CHECK(cudaMemcpyFromSymbol(tl.data(), ns::dsagen_timeline, sizeof(ns::dsagen_timeline)));
-    CHECK(cudaMemcpyFromSymbol(clk.data(), ns::dsagen_timeline_clk, sizeof(ns::dsagen_timeline_clk)));
+    read_marks(false);
 #ifdef DSAGEN_HAS_SMALL
     if (tl[0] == 0) {
-      CHECK(cudaMemcpyFromSymbol(tl.data(), ns::small::dsagen_timeline, sizeof(ns::small::dsagen_timeline)));
-      CHECK(cudaMemcpyFromSymbol(clk.data(), ns::small::dsagen_timeline_clk, sizeof(ns::small::dsagen_timeline_clk)));
+      read_marks(true);
       which = "small";
     }
 #endif
@@ -173,18 +199,7 @@ int main(int argc, char** argv) {
       md[m].push_back(v[v.size() / 2]);
       mx[m].push_back(v.back());
     }
-    // each CTA's SM clock from its start (mark 0) to its finish (mark 6, else 5): %clock64 cycles
-    // over %globaltimer ns (the timer ticks in steps of about 32 ns: CTAs shorter than ~10 us skipped)
-    {
-      std::vector<double> f;
-      for (int c = 0; c < ctas; ++c) {
-        const int e = tl[c * kStride + 6] ? 6 : 5;
-        const unsigned long long dt = tl[c * kStride + e] - tl[c * kStride];
-        if (tl[c * kStride + e] != 0 && clk[c * kStride + e] > clk[c * kStride] && dt > 10000)
-          f.push_back(double(clk[c * kStride + e] - clk[c * kStride]) / double(dt) * 1000.0);
-      }
-      if (!f.empty()) { std::sort(f.begin(), f.end()); mhz.push_back(f[f.size() / 2]); }
-    }
+    if (const double f = sm_clock_mhz(); f > 0) mhz.push_back(f);
     // each SM's finish (mark 6, else 5) over this run's median finish
     std::vector<std::pair<int, double>> fin;
     for (int c = 0; c < ctas; ++c) {
@@ -262,25 +277,10 @@ int main(int argc, char** argv) {
       CHECK(cudaEventElapsedTime(&ms, b0[r], b1[r]));
       bt_us.push_back(ms * 1000.0);
     }
-    CHECK(cudaMemcpyFromSymbol(tl.data(), ns::dsagen_timeline, sizeof(ns::dsagen_timeline)));
-    CHECK(cudaMemcpyFromSymbol(clk.data(), ns::dsagen_timeline_clk, sizeof(ns::dsagen_timeline_clk)));
-#ifdef DSAGEN_HAS_SMALL
-    if (std::string(which) == "small") {
-      CHECK(cudaMemcpyFromSymbol(tl.data(), ns::small::dsagen_timeline, sizeof(ns::small::dsagen_timeline)));
-      CHECK(cudaMemcpyFromSymbol(clk.data(), ns::small::dsagen_timeline_clk, sizeof(ns::small::dsagen_timeline_clk)));
-    }
-#endif
-    std::vector<double> f;
-    for (int c = 0; c < kMaxCtas && tl[c * kStride] != 0; ++c) {
-      const int e = tl[c * kStride + 6] ? 6 : 5;
-      const unsigned long long dt = tl[c * kStride + e] - tl[c * kStride];
-      if (tl[c * kStride + e] > tl[c * kStride] && clk[c * kStride + e] > clk[c * kStride] && dt > 10000)
-        f.push_back(double(clk[c * kStride + e] - clk[c * kStride]) / double(dt) * 1000.0);
-    }
-    std::sort(f.begin(), f.end());
+    read_marks(std::string(which) == "small");
     printf("back to back (%d runs, no host sync): event time median %.2f us (min %.2f); SM clock of the last "
            "run %.0f MHz\n", reps, med(bt_us), *std::min_element(bt_us.begin(), bt_us.end()),
-           f.empty() ? -1.0 : f[f.size() / 2]);
+           sm_clock_mhz());
     for (int r = 0; r < reps; ++r) { CHECK(cudaEventDestroy(b0[r])); CHECK(cudaEventDestroy(b1[r])); }
   }
   return 0;

@@ -126,8 +126,9 @@ def default_shapes(spec: Spec, quick: bool = False) -> list[Shape]:
     Full: paged_logits at ``B in {32, 128} x next_n in {1, 2} (those in spec.next_n) x ctx in
     {8192, 32768, 65536}``, plus ``B=128`` with mixed lengths per next_n; store at
     ``N in {1, 128, 16384, 65536}`` at random slots and ``N=65536`` at a prefill's slots (whole
-    pages; not for a page size of 1, where the two patterns are the same). ``quick``: paged_logits ``B=32, next_n=1`` (or the spec's
-    smallest next_n), ``ctx=8192``; store ``N in {128, 65536}``.
+    pages; not for a page size of 1, where the two patterns are the same). ``quick``:
+    paged_logits ``B=32, next_n=1`` (or the spec's smallest next_n), ``ctx=8192``; store ``N in
+    {128, 65536}``.
     """
     if quick:
         nn = 1 if 1 in spec.next_n else min(spec.next_n)
