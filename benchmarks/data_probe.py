@@ -3,12 +3,14 @@ layout only). Times the same kernel, interleaved over rounds, on three kinds of 
 shape: ``stored`` (random keys stored by the generated store, random q: what dsagen bench and
 benchmarks/paged_time.py use), ``masked`` (every key, scale and q byte replaced by a random byte
 AND 0x37, as benchmarks/timeline.cu fills them: small positive e4m3 values, few bits set) and
-``bytes`` (uniform random key and q bytes, the two e4m3 NaN codes replaced, scales as stored).
-The logits of the last two are not checked (the values are not meaningful keys); the work and
-the bytes moved are the same. Same timing as benchmarks/quick_time.py.
-Usage: python benchmarks/data_probe.py [BxCTX ...]   (default 128x32768 32x32768)
-Written in the seventeenth session and not yet run on a GPU (the device call was refused);
-its byte recoding is checked on the CPU only."""
+``bytes`` (uniform random key and q bytes, the two e4m3 NaN codes replaced, scales as stored)
+and ``q1`` / ``q8`` (stored keys, q drawn from randn x 1 or x 8 instead of the x 4 of
+quick_time.decode_inputs: x 1 as the DeepGEMM-derived tests in vLLM draw it before the cast to
+e4m3, x 8 as dsagen bench does).
+The logits of ``masked`` and ``bytes`` are not checked (the values are not meaningful keys); the
+work and the bytes moved are the same. Same timing as benchmarks/quick_time.py (the kernel's
+own schedule). Usage: python benchmarks/data_probe.py [BxCTX ...]   (default 128x32768 32x32768)
+First run on the H200 in the eighteenth session (benchmarks/RESULTS.md)."""
 import os
 import sys
 
@@ -47,11 +49,13 @@ def main(shapes):
         for nn in spec.next_n:
             nsets = max(4, int(256e6 // (B * ctx * spec.bytes_per_token)) + 1)
             kinds = {}
-            for kind in ("stored", "masked", "bytes"):
+            for kind in ("stored", "masked", "bytes", "q1", "q8"):
                 sets = []
                 for _ in range(nsets):
                     q, cache, w, cl, bt = decode_inputs(ops, spec, B, nn, ctx, g)
-                    if kind != "stored":
+                    if kind in ("q1", "q8"):
+                        q = (torch.randn(q.shape, device=q.device) * float(kind[1:])).to(q.dtype)
+                    elif kind != "stored":
                         if kind == "masked":
                             recode(cache, kind, gc)              # keys and scales, as timeline.cu
                         else:

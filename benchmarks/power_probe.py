@@ -1,0 +1,103 @@
+"""Is the SM clock under the paged-logits kernel limited by power? (development aid, fp8 page-tail
+layout.) Runs one shape's kernel back to back for a few seconds per phase (next_n 1 and 2 on
+stored random keys, next_n 2 on the masked bytes of benchmarks/data_probe.py) while
+`nvidia-smi` samples the SM clock, the board power, the power limit and the clock-event
+reasons every 100 ms; prints per phase the kernel time (CUDA events over the whole phase, per
+call) and the samples' medians, and the reasons seen.
+Usage: python benchmarks/power_probe.py [BxCTX] [seconds per phase]   (default 128x32768 3)"""
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import dsagen
+from data_probe import recode
+from quick_time import decode_inputs
+
+FIELDS = ["timestamp", "clocks.sm", "power.draw", "power.limit", "temperature.gpu"]
+
+
+def sampler(path):
+    """Start nvidia-smi sampling into `path`; the clock-event reasons' field name depends on the
+    driver (clocks_event_reasons, formerly clocks_throttle_reasons)."""
+    for reasons in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
+        q = ",".join(FIELDS + [reasons])
+        if subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
+                          capture_output=True).returncode == 0:
+            break
+    else:
+        q = ",".join(FIELDS)
+    f = open(path, "w")
+    return subprocess.Popen(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits", "-lms", "100"],
+                            stdout=f, stderr=subprocess.STDOUT), q
+
+
+def main(B, ctx, secs):
+    spec = dsagen.load_spec(os.path.join(os.path.dirname(__file__), "..", "specs", "fp8_e4m3_page64.yaml"))
+    ops = dsagen.load(spec, with_cuda=True)
+    g = torch.Generator().manual_seed(5)
+    gc = torch.Generator(device="cuda").manual_seed(6)
+    nsets = max(4, int(256e6 // (B * ctx * spec.bytes_per_token)) + 1)
+    phases = []
+    for nn, kind in ((1, "stored"), (2, "stored"), (2, "masked")):
+        sets = [decode_inputs(ops, spec, B, nn, ctx, g) for _ in range(nsets)]
+        if kind == "masked":
+            for q, cache, *_ in sets:
+                recode(cache, kind, gc)
+                recode(q, kind, gc)
+        phases.append((f"next_n={nn} {kind}", sets))
+    path = "/tmp/power_probe_smi.csv"
+    proc, query = sampler(path)
+    time.sleep(1.0)
+    spans = []
+    try:
+        for name, sets in phases:
+            for a in sets[:2]:
+                ops.paged_logits(*a, ctx, True)
+            torch.cuda.synchronize()
+            t0, calls = time.time(), 0
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            while time.time() - t0 < secs:
+                for _ in range(20):
+                    ops.paged_logits(*sets[calls % len(sets)], ctx, True)
+                    calls += 1
+                torch.cuda.synchronize()     # (keeps the host's clock and the GPU's work together)
+            e1.record()
+            torch.cuda.synchronize()
+            spans.append((name, t0, time.time(), e0.elapsed_time(e1) * 1e3 / calls, calls))
+            time.sleep(1.0)
+    finally:
+        proc.terminate()
+        proc.wait()
+    names = query.split(",")
+    rows = []
+    for line in open(path):
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != len(names):
+            continue
+        try:
+            ts = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        except ValueError:
+            continue
+        rows.append((ts, parts[1:]))
+    print(f"{torch.cuda.get_device_name()} B={B} ctx={ctx}; samples {len(rows)} ({query})", flush=True)
+    for name, t0, t1, us, calls in spans:
+        # samples in the phase, skipping its first 0.3 s (the clocks settle)
+        inside = [p for ts, p in rows if t0 + 0.3 <= ts <= t1]
+        line = f"{name:18s} {us:8.2f} us/call ({calls} calls, launch included, host syncs every 20)"
+        if inside:
+            med = [statistics.median(float(p[i]) for p in inside) for i in range(3)]
+            line += f"  SM {med[0]:.0f} MHz  power {med[1]:.0f} W of {med[2]:.0f} W  ({len(inside)} samples)"
+            if len(names) > len(FIELDS):
+                line += "  reasons " + ",".join(sorted({p[-1] for p in inside}))
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    shape = tuple(map(int, sys.argv[1].split("x"))) if len(sys.argv) > 1 else (128, 32768)
+    main(*shape, float(sys.argv[2]) if len(sys.argv) > 2 else 3.0)
