@@ -1,9 +1,11 @@
 """Is the SM clock under the paged-logits kernel limited by power? (development aid, fp8 page-tail
-layout.) Runs one shape's kernel back to back for a few seconds per phase (next_n 1 and 2 on
-stored random keys, next_n 2 on the masked bytes of benchmarks/data_probe.py) while
-`nvidia-smi` samples the SM clock, the board power, the power limit and the clock-event
-reasons every 100 ms; prints per phase the kernel time (CUDA events over the whole phase, per
-call) and the samples' medians, and the reasons seen.
+layout.) Runs one shape's kernel for a few seconds per phase (next_n 1 and 2 on stored random
+keys, next_n 2 on the masked bytes of benchmarks/data_probe.py), each input kind twice: back to
+back, and spin-hidden as benchmarks/quick_time.py times it (a ~100 us `torch.cuda._sleep`
+before each call, CUDA events around the call), while `nvidia-smi` samples the SM clock, the
+board power, the power limit and the clock-event reasons every 100 ms. Prints per phase the
+kernel time (back to back: CUDA events over the whole phase, per call, launch included;
+spin-hidden: the median call) and the samples' medians, and the reasons seen.
 Usage: python benchmarks/power_probe.py [BxCTX] [seconds per phase]   (default 128x32768 3)"""
 import datetime
 import os
@@ -55,21 +57,30 @@ def main(B, ctx, secs):
     time.sleep(1.0)
     spans = []
     try:
-        for name, sets in phases:
+        for (name, sets), spin in [(p, spin) for p in phases for spin in (False, True)]:
             for a in sets[:2]:
                 ops.paged_logits(*a, ctx, True)
             torch.cuda.synchronize()
-            t0, calls = time.time(), 0
+            t0, calls, per_call = time.time(), 0, []
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
             while time.time() - t0 < secs:
+                evs = []
                 for _ in range(20):
+                    if spin:
+                        torch.cuda._sleep(200000)        # about 100 us, as quick_time.time_fn
+                        evs.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                        evs[-1][0].record()
                     ops.paged_logits(*sets[calls % len(sets)], ctx, True)
+                    if spin:
+                        evs[-1][1].record()
                     calls += 1
                 torch.cuda.synchronize()     # (keeps the host's clock and the GPU's work together)
+                per_call += [a.elapsed_time(b) * 1e3 for a, b in evs]
             e1.record()
             torch.cuda.synchronize()
-            spans.append((name, t0, time.time(), e0.elapsed_time(e1) * 1e3 / calls, calls))
+            us = statistics.median(per_call) if spin else e0.elapsed_time(e1) * 1e3 / calls
+            spans.append((f"{name} {'spin-hidden' if spin else 'back to back'}", t0, time.time(), us, calls))
             time.sleep(1.0)
     finally:
         proc.terminate()
@@ -89,7 +100,8 @@ def main(B, ctx, secs):
     for name, t0, t1, us, calls in spans:
         # samples in the phase, skipping its first 0.3 s (the clocks settle)
         inside = [p for ts, p in rows if t0 + 0.3 <= ts <= t1]
-        line = f"{name:18s} {us:8.2f} us/call ({calls} calls, launch included, host syncs every 20)"
+        how = "median call" if "spin" in name else "per call, launch included"
+        line = f"{name:31s} {us:8.2f} us ({how}; {calls} calls, a host sync every 20)"
         if inside:
             med = [statistics.median(float(p[i]) for p in inside) for i in range(3)]
             line += f"  SM {med[0]:.0f} MHz  power {med[1]:.0f} W of {med[2]:.0f} W  ({len(inside)} samples)"
