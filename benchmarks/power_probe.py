@@ -6,9 +6,17 @@ before each call, CUDA events around the call), while `nvidia-smi` samples the S
 board power, the power limit and the clock-event reasons every 100 ms. Prints per phase the
 kernel time (back to back: CUDA events over the whole phase, per call, launch included;
 spin-hidden: the median call) and the samples' medians, and the reasons seen.
+Limits (found in review after its eighteenth-session runs): the spin is a fixed ~100 us, where
+dsagen bench calibrates a shorter one, and a phase is one loop rather than bursts of 100 calls;
+board power is a running average in the driver, so the first samples after the 0.3 s skip still
+include the idle second before the phase; nvidia-smi samples every GPU of the host (run it
+with one visible GPU, as the lent machine has). Since those runs: the raw samples are copied
+next to the output (OUT or /tmp) and the temperature is printed; rows with [N/A] values are
+skipped (not run on a GPU since).
 Usage: python benchmarks/power_probe.py [BxCTX] [seconds per phase]   (default 128x32768 3)"""
 import datetime
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -79,7 +87,8 @@ def main(B, ctx, secs):
                 per_call += [a.elapsed_time(b) * 1e3 for a, b in evs]
             e1.record()
             torch.cuda.synchronize()
-            us = statistics.median(per_call) if spin else e0.elapsed_time(e1) * 1e3 / calls
+            us = (statistics.median(per_call) if per_call else float("nan")) if spin else \
+                e0.elapsed_time(e1) * 1e3 / max(calls, 1)
             spans.append((f"{name} {'spin-hidden' if spin else 'back to back'}", t0, time.time(), us, calls))
             time.sleep(1.0)
     finally:
@@ -95,7 +104,13 @@ def main(B, ctx, secs):
             ts = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
         except ValueError:
             continue
-        rows.append((ts, parts[1:]))
+        try:
+            vals = [float(x) for x in parts[1:len(FIELDS)]]
+        except ValueError:               # a [N/A] or [Not Supported] value
+            continue
+        rows.append((ts, vals + parts[len(FIELDS):]))
+    out = os.environ.get("OUT", "/tmp")
+    shutil.copy(path, os.path.join(out, f"power_probe_smi_{B}x{ctx}.csv"))
     print(f"{torch.cuda.get_device_name()} B={B} ctx={ctx}; samples {len(rows)} ({query})", flush=True)
     for name, t0, t1, us, calls in spans:
         # samples in the phase, skipping its first 0.3 s (the clocks settle)
@@ -103,8 +118,9 @@ def main(B, ctx, secs):
         how = "median call" if "spin" in name else "per call, launch included"
         line = f"{name:31s} {us:8.2f} us ({how}; {calls} calls, a host sync every 20)"
         if inside:
-            med = [statistics.median(float(p[i]) for p in inside) for i in range(3)]
-            line += f"  SM {med[0]:.0f} MHz  power {med[1]:.0f} W of {med[2]:.0f} W  ({len(inside)} samples)"
+            med = [statistics.median(p[i] for p in inside) for i in range(4)]
+            line += (f"  SM {med[0]:.0f} MHz  power {med[1]:.0f} W of {med[2]:.0f} W  {med[3]:.0f} C"
+                     f"  ({len(inside)} samples)")
             if len(names) > len(FIELDS):
                 line += "  reasons " + ",".join(sorted({p[-1] for p in inside}))
         print(line, flush=True)
