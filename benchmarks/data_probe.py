@@ -1,5 +1,5 @@
 """Does the paged-logits time depend on the key and query values? (development aid, fp8 page-tail
-layout only). Times the same kernel, interleaved over rounds, on three kinds of inputs of equal
+layout only). Times the same kernel, interleaved over rounds, on five kinds of inputs of equal
 shape: ``stored`` (random keys stored by the generated store, random q: what dsagen bench and
 benchmarks/paged_time.py use), ``masked`` (every key, scale and q byte replaced by a random byte
 AND 0x37, as benchmarks/timeline.cu fills them: small positive e4m3 values, few bits set) and

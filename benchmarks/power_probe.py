@@ -26,7 +26,7 @@ import torch
 
 import dsagen
 from data_probe import recode
-from quick_time import decode_inputs
+from quick_time import SPIN_CYCLES, decode_inputs
 
 FIELDS = ["timestamp", "clocks.sm", "power.draw", "power.limit", "temperature.gpu"]
 
@@ -76,7 +76,7 @@ def main(B, ctx, secs):
                 evs = []
                 for _ in range(20):
                     if spin:
-                        torch.cuda._sleep(200000)        # about 100 us, as quick_time.time_fn
+                        torch.cuda._sleep(SPIN_CYCLES)   # as quick_time.time_fn
                         evs.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
                         evs[-1][0].record()
                     ops.paged_logits(*sets[calls % len(sets)], ctx, True)

@@ -9,7 +9,7 @@ import sys
 import torch
 
 import dsagen
-from dsagen.bench import paged_logits_bytes
+from dsagen.bench import paged_logits_bytes, store_slots
 from dsagen.verify import random_keys
 
 
@@ -27,6 +27,9 @@ def copy_bw():
     return 2 * x.numel() / ts[len(ts) // 2] / 1e9
 
 
+SPIN_CYCLES = 200000   # torch.cuda._sleep before each timed call: about 100 us, longer than the host loop
+
+
 def time_fn(fns, iters=50):
     for f in fns[:2]:
         f()
@@ -34,7 +37,7 @@ def time_fn(fns, iters=50):
     ts = []
     for i in range(iters):
         f = fns[i % len(fns)]
-        torch.cuda._sleep(200000)   # about 100 us: longer than the host loop of one iteration
+        torch.cuda._sleep(SPIN_CYCLES)
         s, e = torch.cuda.Event(True), torch.cuda.Event(True)
         s.record(); f(); e.record()
         ts.append((s, e))
@@ -120,11 +123,7 @@ def store_sets(ops, spec, n, pattern, g, device="cuda"):
     for _ in range(nsets):
         cache = ops.new_cache(pages, device)
         k = random_keys(n, spec.head_dim, g, device)
-        if pattern == "random":
-            loc = torch.randperm(pages * spec.page_size, generator=g)[:n].to(device)
-        else:
-            loc = (torch.randperm(pages, generator=g)[:, None] * spec.page_size
-                   + torch.arange(spec.page_size)).flatten()[:n].to(device)
+        loc = store_slots(n, pages, spec.page_size, pattern, g, device)
         sets.append((k, cache, loc))
     return sets
 

@@ -69,7 +69,7 @@ SPIN_MAX_US = 5000.0
 __all__ = [
     "Shape", "Timing", "Bench", "run", "default_shapes", "context_lens_for",
     "paged_logits_bytes", "store_bytes", "ragged_flops", "fallback_peak_bytes", "num_sets",
-    "make_logits_inputs", "make_store_inputs", "random_keys_on", "deepgemm_applies",
+    "make_logits_inputs", "make_store_inputs", "store_slots", "random_keys_on", "deepgemm_applies",
     "format_header", "format_row", "format_table", "measure_copy_bandwidth", "device_meta",
     "CudaTimer", "HostTimer",
 ]
@@ -292,25 +292,37 @@ def make_logits_inputs(spec: Spec, store: StoreFn, context_lens: Sequence[int], 
             "cache_bytes": num_pages * (spec.page_bytes + spec.scale_page_bytes)}
 
 
+def store_slots(N: int, num_pages: int, page_size: int, slots: str, gen: torch.Generator,
+                device) -> torch.Tensor:
+    """``N`` distinct slots (int64 ``[N]`` on ``device``) of a pool of ``num_pages`` pages of
+    ``page_size`` tokens, drawn with ``gen`` (on its own device): ``slots="random"`` anywhere in
+    the pool; ``"pages"`` token ``i`` at offset ``i % page_size`` of page ``perm[i // page_size]``
+    for a random page permutation ``perm`` (a prefill's slot mapping; needs ``N <= num_pages *
+    page_size``). ValueError for another ``slots``."""
+    if slots not in STORE_SLOTS:
+        raise ValueError(f"slots={slots!r}: must be one of {', '.join(STORE_SLOTS)}")
+    if slots == "random":
+        loc = torch.randperm(num_pages * page_size, generator=gen, device=gen.device)[:N]
+    else:
+        perm = torch.randperm(num_pages, generator=gen, device=gen.device)
+        i = torch.arange(N, dtype=torch.int64, device=gen.device)
+        loc = perm[i // page_size] * page_size + i % page_size
+    return loc.to(device=device, dtype=torch.int64)
+
+
 def make_store_inputs(spec: Spec, N: int, seed: int, device, slots: str = "random") -> dict[str, Any]:
     """One fresh random input set for ``store``: ``k`` bf16 ``[N, head_dim]``, ``kv_cache``
     (random bytes, ``ceil(2N/page_size)+1`` pages), ``kv_scales`` (random bytes, the same pages,
-    separate specs; else None) and ``loc`` int64 ``[N]`` distinct slots: ``slots="random"``
-    anywhere in the pool, ``"pages"`` token ``i`` at offset ``i % page_size`` of the pool's page
-    ``perm[i // page_size]`` for a random page permutation ``perm`` (a prefill's slot mapping).
-    ValueError for another ``slots``."""
+    separate specs; else None) and ``loc`` int64 ``[N]`` distinct slots of that pool
+    (:func:`store_slots`: ``slots`` ``"random"`` or ``"pages"``). ValueError for another
+    ``slots``."""
     if slots not in STORE_SLOTS:
         raise ValueError(f"slots={slots!r}: must be one of {', '.join(STORE_SLOTS)}")
     g = _gen(device, seed)
     num_pages = math.ceil(2 * N / spec.page_size) + 1
     cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=g, dtype=torch.uint8,
                           device=device)
-    if slots == "random":
-        loc = torch.randperm(num_pages * spec.page_size, generator=g, device=device)[:N].to(torch.int64)
-    else:
-        perm = torch.randperm(num_pages, generator=g, device=device).to(torch.int64)
-        i = torch.arange(N, dtype=torch.int64, device=device)
-        loc = perm[i // spec.page_size] * spec.page_size + i % spec.page_size
+    loc = store_slots(N, num_pages, spec.page_size, slots, g, device)
     k = random_keys_on(N, spec.head_dim, g, device)
     scales = (torch.randint(0, 256, (num_pages, spec.scale_page_bytes), generator=g, dtype=torch.uint8,
                             device=device) if spec.separate_scales else None)
