@@ -2,10 +2,12 @@
 (development aid): first bit for bit on seeded inputs (equal and uneven lengths, 2-D
 context_lens, max_context_len past every length, with and without a precomputed schedule, the
 main and the small-work kernel), then timed interleaved as benchmarks/paged_time.py does, from a
-precomputed schedule. The other tree's extension is built with `store_lanes` 8 (its store
-kernel only; inputs are made with this tree's) so that the two load side by side; this tree's
-Python package builds both.
-Usage: python benchmarks/tree_ab.py SPEC OTHER_TREE   env: PAGED_SHAPES, PAGED_ROUNDS as paged_time;
+precomputed schedule. The other trees' extensions are built with `store_lanes` 8 (their store
+kernels only; inputs are made with this tree's) and `small_tiles` 40 + i for the i-th further
+tree (the same kernel choice at the timed shapes: B=32 ctx 8192 has 31 tiles per SM) so that
+they load side by side; this tree's Python package builds them all. Every build is compared bit
+for bit with OTHER_TREE's and timed against it.
+Usage: python benchmarks/tree_ab.py SPEC OTHER_TREE [MORE_TREES...]   env: PAGED_SHAPES, PAGED_ROUNDS as paged_time;
 TREE_TUNING: a JSON tuning for both trees; THIS_TUNINGS: a JSON list of further tunings of this tree
 (on top of TREE_TUNING) timed alongside"""
 import json
@@ -39,17 +41,20 @@ def bit_cases(ops, spec, g):
                 yield f"B={B} ctx={ctx} nn={nn} 2-D", (q, cache, w, c2, bt, ctx)
 
 
-def main(path, other):
+def main(path, other, *more):
     spec = dsagen.load_spec(path)
     tuning = json.loads(os.environ.get("TREE_TUNING", "{}"))
     ops = {"this": dsagen.load(spec, tuning=tuning)}
     for t in json.loads(os.environ.get("THIS_TUNINGS", "[]")):
         ops[f"this {json.dumps(t)}"] = dsagen.load(spec, tuning={**tuning, **t})
-    codegen.TEMPLATE_DIR = Path(other).resolve() / "templates"
-    codegen._env = None
-    ops["other"] = dsagen.load(spec, tuning={**tuning, "store_lanes": 8})
+    for i, tree in enumerate((other, *more)):
+        codegen.TEMPLATE_DIR = Path(tree).resolve() / "templates"
+        codegen._env = None
+        ops["other" if i == 0 else f"tree {tree}"] = dsagen.load(
+            spec, tuning={**tuning, "store_lanes": 8, **({"small_tiles": 40 + i} if i else {})})
     bw = copy_bw()
-    print(f"copy bandwidth {bw:.0f} GB/s; {spec.name} {json.dumps(tuning)}; this tree vs {other}", flush=True)
+    print(f"copy bandwidth {bw:.0f} GB/s; {spec.name} {json.dumps(tuning)}; this tree"
+          f"{''.join(f' and {t}' for t in more)} vs {other}", flush=True)
     g = torch.Generator().manual_seed(11)
     same = differ = 0
     for name, (q, cache, w, cl, bt, mcl) in bit_cases(ops["this"], spec, g):
@@ -96,4 +101,4 @@ def main(path, other):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], *sys.argv[2:])

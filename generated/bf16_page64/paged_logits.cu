@@ -290,6 +290,13 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr) {
 __device__ __forceinline__ uint64_t gmma_desc_add(uint64_t desc, uint32_t bytes) {
   return (desc & 0xffffffff00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
 }
+// An operand given by its WGMMA descriptor (built once before a tile loop, then moved on with
+// gmma_desc_add) where the WGMMA helpers below take a shared-memory address: the loop then
+// adds the stage offset to the descriptor instead of rebuilding it from the address.
+struct SmemDesc {
+  uint64_t d;
+};
+__device__ __forceinline__ uint64_t gmma_desc(SmemDesc x) { return x.d; }
 
 // One WGMMA instruction M=64 keys x N query rows x K=32 bytes, from two shared-memory
 // descriptors: N = num_heads (one next_n position), or next_n * num_heads (all of them at once,
@@ -534,8 +541,8 @@ __device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], const
 // fp32 on the CUDA cores (Hopper's fp8 WGMMA accumulates in reduced precision, ~1e-4 relative),
 // through BUFS partial buffers: 2 keeps one group in flight while the previous one is added,
 // 1 (fused rows, whose accumulators leave no room for a second buffer) waits for each.
-template <int ROWS, int BUFS>
-__device__ __forceinline__ void mma_rows(uint32_t a_base, uint32_t b_base, int b_rows, float (&acc)[ROWS / 2]) {
+template <int ROWS, int BUFS, typename A>
+__device__ __forceinline__ void mma_rows(A a_base, uint32_t b_base, int b_rows, float (&acc)[ROWS / 2]) {
   using M = MmaN<ROWS>;
   const uint64_t da = gmma_desc(a_base), db = gmma_desc(b_base);
   auto desc_a = [&](int k) {
@@ -622,8 +629,8 @@ __device__ __forceinline__ void chain_issue(uint64_t da, uint64_t db, int b_rows
   cute::warpgroup_commit_batch();
 }
 
-template <int G, int R, typename Epi>
-__device__ __forceinline__ void mma_chains(uint32_t a_base, uint32_t b_base, int b_rows, float (&acc)[G][R / 2],
+template <int G, int R, typename A, typename Epi>
+__device__ __forceinline__ void mma_chains(A a_base, uint32_t b_base, int b_rows, float (&acc)[G][R / 2],
                                            Epi&& epi) {
   const uint64_t da = gmma_desc(a_base), db = gmma_desc(b_base);
 #pragma unroll
@@ -683,8 +690,8 @@ __device__ __forceinline__ auto position_done(float (&s)[4], float (&v)[2 * NEXT
 // FUSE (tuning `fuse`, paged_logits_ws only): every position in flight at once: without
 // promotion NEXT_N * kChains chains, each epilogue overlapping the later chains; with promotion
 // one chain of N = NEXT_N * kNumHeads rows. Otherwise the positions run one after the other.
-template <int NEXT_N, bool FUSE = false, int S = 8, typename Release>
-__device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, const float* sw,
+template <int NEXT_N, bool FUSE = false, int S = 8, typename A, typename Release>
+__device__ __forceinline__ void tile_logits(A a_base, uint32_t b_base, const float* sw,
                                             const float (&sc)[LaneSums<NEXT_N>::kHeld], const LogitsOut<NEXT_N>& out,
                                             int j0, int wlane, Release&& release) {
   constexpr int N = NEXT_N * kNumHeads;
@@ -731,8 +738,8 @@ template <int NEXT_N>
 constexpr bool kOneChain = kPromote == 0 && ((kFuse<NEXT_N> && kChains == 0) || (NEXT_N == 1 && kChains <= 1));
 template <int NEXT_N> constexpr bool kAheadFor = NEXT_N * kNumHeads <= 256;
 
-template <int N>
-__device__ __forceinline__ void tile_mma_issue(uint32_t a_base, uint32_t b_base, float (&acc)[N / 2]) {
+template <int N, typename A>
+__device__ __forceinline__ void tile_mma_issue(A a_base, uint32_t b_base, float (&acc)[N / 2]) {
 #pragma unroll
   for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
   cute::warpgroup_arrive();
@@ -1010,6 +1017,30 @@ __device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, uint32_t skey, ui
   }
   return stage;
 }
+// The stage ring of a math warpgroup's tiles as wait_tile derives it from the tile count (stage
+// count % STAGES, parity (count / STAGES) & 1), kept as two counters that the plain tile loop
+// steps with an add and a compare instead of a division.
+struct StageRing {
+  uint32_t stage, parity;
+  __device__ __forceinline__ static StageRing at(uint32_t count, int stages) { return {count % stages, (count / stages) & 1}; }
+};
+// wait_tile for the tile at `ring`, which it then steps to the next tile.
+template <int STAGES, int H>
+__device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, uint32_t skey, StageRing& ring, float (&sc)[H]) {
+  const uint32_t stage = ring.stage;
+  mbar_wait(full_w + stage * 8, ring.parity);
+#pragma unroll
+  for (int k = 0; k < H; ++k) {
+    sc[k] = 1.f;
+    if (kQuantized)
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sc[k]) : "r"(skey + stage * kTile * 4 + 32 * k) : "memory");
+  }
+  if (++ring.stage == STAGES) {
+    ring.stage = 0;
+    ring.parity ^= 1;
+  }
+  return stage;
+}
 
 // kv_map: the key bytes as a 3-D uint8 tensor (kRowBytes, kPageSize, num_pages) with strides
 // (kKeyTokenStride, kPageStride), box (128, 64, 1), 128B swizzle. q_map: q as a 2-D uint8
@@ -1183,11 +1214,14 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     DSAGEN_MARK(14, tid == 128);                                        // (timeline: math registers set)
     // ---- math warpgroup w: tile w of every split -----------------------------------------------
-    const int w = warp / 4 - 1, wlane = tid & 127;
+    // (w, the plain tile loop's start and its bound are broadcast from lane 0: ptxas then knows
+    // them to be the same in the warp and keeps that loop's descriptors in uniform registers)
+    const int w = __shfl_sync(0xffffffffu, warp / 4 - 1, 0), wlane = tid & 127;
     // shared-memory addresses of this warpgroup's stages and barriers, and of this thread's
     // scales (its logits' keys, LaneSums::key) in stage 0, computed once
     const uint32_t sk_w = opaque(smem_u32(sk + w * STAGES * kTileBytes)), full_w = opaque(smem_u32(full + w * STAGES));
     const uint32_t empty_w = opaque(smem_u32(empty + w * STAGES));
+    const uint64_t desc_sk = gmma_desc(sk_w);           // the WGMMA descriptor of this warpgroup's stage 0
     const uint32_t skey = opaque(smem_u32(sscale + w * STAGES * kTile + LaneSums<NEXT_N>::key(wlane)));
     uint32_t count = 0;                                 // tiles done by this warpgroup
     int bound[NEXT_N];
@@ -1218,7 +1252,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       }
       const uint32_t q_addr = smem_u32(sq + (phase & 1) * kQBytes);
       const float* w_src = kWRegsFor<NEXT_N> ? wr : sw + (phase & 1) * N;
-      const int tile_end = min(u_end * kMathWGs, (len + kTile - 1) / kTile);
+      const int tile_end = __shfl_sync(0xffffffffu, min(u_end * kMathWGs, (len + kTile - 1) / kTile), 0);
       if constexpr (kAheadFor<NEXT_N>) {
       // tuning mma_ahead: this warpgroup's next tile of the request is issued to the tensor core
       // (accumulators acc[x ^ 1]) before the epilogue of tile x runs, when its keys are there
@@ -1233,7 +1267,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
         st[x] = wait_tile<STAGES>(full_w, skey, count, sc[x]);
         DSAGEN_MARK(3, wlane == 0 && w == 0 && count == 0);                // (timeline: first keys here)
         tl[x] = tile;
-        tile_mma_issue<N>(sk_w + st[x] * kTileBytes, q_addr, acc[x]);
+        tile_mma_issue<N>(SmemDesc{gmma_desc_add(desc_sk, st[x] * kTileBytes)}, q_addr, acc[x]);
         ++count;
       };
       auto finish = [&](auto xc, auto pending) {
@@ -1261,12 +1295,13 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
         }
       }
       } else {
-      for (int tile = u * kMathWGs + w; tile < tile_end; tile += kMathWGs) {
+      StageRing ring = StageRing::at(count, STAGES);
+      for (int tile = __shfl_sync(0xffffffffu, u * kMathWGs + w, 0); tile < tile_end; tile += kMathWGs) {
         float sc[LaneSums<NEXT_N>::kHeld];
-        const uint32_t stage = wait_tile<STAGES>(full_w, skey, count, sc);
+        const uint32_t stage = wait_tile<STAGES>(full_w, skey, ring, sc);
         DSAGEN_MARK(3, wlane == 0 && w == 0 && count == 0);                // (timeline: first keys here)
         // the stage is freed (this thread's reads are done) as soon as the tensor core has read it
-        tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(sk_w + stage * kTileBytes,
+        tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(SmemDesc{gmma_desc_add(desc_sk, stage * kTileBytes)},
                                            q_addr, w_src, sc, out, tile * kTile, wlane,
                                            [&] { mbar_arrive(empty_w + stage * 8); });
         ++count;

@@ -290,6 +290,13 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr) {
 __device__ __forceinline__ uint64_t gmma_desc_add(uint64_t desc, uint32_t bytes) {
   return (desc & 0xffffffff00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
 }
+// An operand given by its WGMMA descriptor (built once before a tile loop, then moved on with
+// gmma_desc_add) where the WGMMA helpers below take a shared-memory address: the loop then
+// adds the stage offset to the descriptor instead of rebuilding it from the address.
+struct SmemDesc {
+  uint64_t d;
+};
+__device__ __forceinline__ uint64_t gmma_desc(SmemDesc x) { return x.d; }
 
 // One WGMMA instruction M=64 keys x N query rows x K=32 bytes, from two shared-memory
 // descriptors: N = num_heads (one next_n position), or next_n * num_heads (all of them at once,
@@ -534,8 +541,8 @@ __device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], const
 // fp32 on the CUDA cores (Hopper's fp8 WGMMA accumulates in reduced precision, ~1e-4 relative),
 // through BUFS partial buffers: 2 keeps one group in flight while the previous one is added,
 // 1 (fused rows, whose accumulators leave no room for a second buffer) waits for each.
-template <int ROWS, int BUFS>
-__device__ __forceinline__ void mma_rows(uint32_t a_base, uint32_t b_base, int b_rows, float (&acc)[ROWS / 2]) {
+template <int ROWS, int BUFS, typename A>
+__device__ __forceinline__ void mma_rows(A a_base, uint32_t b_base, int b_rows, float (&acc)[ROWS / 2]) {
   using M = MmaN<ROWS>;
   const uint64_t da = gmma_desc(a_base), db = gmma_desc(b_base);
   auto desc_a = [&](int k) {
@@ -622,8 +629,8 @@ __device__ __forceinline__ void chain_issue(uint64_t da, uint64_t db, int b_rows
   cute::warpgroup_commit_batch();
 }
 
-template <int G, int R, typename Epi>
-__device__ __forceinline__ void mma_chains(uint32_t a_base, uint32_t b_base, int b_rows, float (&acc)[G][R / 2],
+template <int G, int R, typename A, typename Epi>
+__device__ __forceinline__ void mma_chains(A a_base, uint32_t b_base, int b_rows, float (&acc)[G][R / 2],
                                            Epi&& epi) {
   const uint64_t da = gmma_desc(a_base), db = gmma_desc(b_base);
 #pragma unroll
@@ -683,8 +690,8 @@ __device__ __forceinline__ auto position_done(float (&s)[4], float (&v)[2 * NEXT
 // FUSE (tuning `fuse`, paged_logits_ws only): every position in flight at once: without
 // promotion NEXT_N * kChains chains, each epilogue overlapping the later chains; with promotion
 // one chain of N = NEXT_N * kNumHeads rows. Otherwise the positions run one after the other.
-template <int NEXT_N, bool FUSE = false, int S = 8, typename Release>
-__device__ __forceinline__ void tile_logits(uint32_t a_base, uint32_t b_base, const float* sw,
+template <int NEXT_N, bool FUSE = false, int S = 8, typename A, typename Release>
+__device__ __forceinline__ void tile_logits(A a_base, uint32_t b_base, const float* sw,
                                             const float (&sc)[LaneSums<NEXT_N>::kHeld], const LogitsOut<NEXT_N>& out,
                                             int j0, int wlane, Release&& release) {
   constexpr int N = NEXT_N * kNumHeads;
@@ -731,8 +738,8 @@ template <int NEXT_N>
 constexpr bool kOneChain = kPromote == 0 && ((kFuse<NEXT_N> && kChains == 0) || (NEXT_N == 1 && kChains <= 1));
 template <int NEXT_N> constexpr bool kAheadFor = NEXT_N * kNumHeads <= 64;
 
-template <int N>
-__device__ __forceinline__ void tile_mma_issue(uint32_t a_base, uint32_t b_base, float (&acc)[N / 2]) {
+template <int N, typename A>
+__device__ __forceinline__ void tile_mma_issue(A a_base, uint32_t b_base, float (&acc)[N / 2]) {
 #pragma unroll
   for (int r = 0; r < N / 2; ++r) cute::warpgroup_fence_operand(acc[r]);
   cute::warpgroup_arrive();
