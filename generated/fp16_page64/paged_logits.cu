@@ -1001,20 +1001,26 @@ __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   return policy;
 }
 
-// Waits for the keys of a math warpgroup's tile number `count` (stage count % STAGES of its
-// ring: full barriers from full_w, 8 bytes apart) and reads the scales of this thread's keys
-// (LaneSums::key: the one at shared-memory address skey in stage 0, and 8 keys on for a second
-// sum; 1 for unquantized keys). Returns the stage.
-template <int STAGES, int H>
-__device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, uint32_t skey, uint32_t count, float (&sc)[H]) {
-  const uint32_t stage = count % STAGES;
-  mbar_wait(full_w + stage * 8, (count / STAGES) & 1);
+// The key scales of this thread's logits in `stage` (LaneSums::key: the one at shared-memory
+// address skey in stage 0, and 8 keys on for a second sum; 1 for unquantized keys).
+template <int H>
+__device__ __forceinline__ void stage_scales(uint32_t skey, uint32_t stage, float (&sc)[H]) {
 #pragma unroll
   for (int k = 0; k < H; ++k) {
     sc[k] = 1.f;
     if (kQuantized)
       asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sc[k]) : "r"(skey + stage * kTile * 4 + 32 * k) : "memory");
   }
+}
+
+// Waits for the keys of a math warpgroup's tile number `count` (stage count % STAGES of its
+// ring: full barriers from full_w, 8 bytes apart) and reads the scales of this thread's keys
+// (stage_scales). Returns the stage.
+template <int STAGES, int H>
+__device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, uint32_t skey, uint32_t count, float (&sc)[H]) {
+  const uint32_t stage = count % STAGES;
+  mbar_wait(full_w + stage * 8, (count / STAGES) & 1);
+  stage_scales(skey, stage, sc);
   return stage;
 }
 // The stage ring of a math warpgroup's tiles as wait_tile derives it from the tile count (stage
@@ -1029,12 +1035,7 @@ template <int STAGES, int H>
 __device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, uint32_t skey, StageRing& ring, float (&sc)[H]) {
   const uint32_t stage = ring.stage;
   mbar_wait(full_w + stage * 8, ring.parity);
-#pragma unroll
-  for (int k = 0; k < H; ++k) {
-    sc[k] = 1.f;
-    if (kQuantized)
-      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sc[k]) : "r"(skey + stage * kTile * 4 + 32 * k) : "memory");
-  }
+  stage_scales(skey, stage, sc);
   if (++ring.stage == STAGES) {
     ring.stage = 0;
     ring.parity ^= 1;
