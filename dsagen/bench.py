@@ -316,8 +316,6 @@ def make_store_inputs(spec: Spec, N: int, seed: int, device, slots: str = "rando
     separate specs; else None) and ``loc`` int64 ``[N]`` distinct slots of that pool
     (:func:`store_slots`: ``slots`` ``"random"`` or ``"pages"``). ValueError for another
     ``slots``."""
-    if slots not in STORE_SLOTS:
-        raise ValueError(f"slots={slots!r}: must be one of {', '.join(STORE_SLOTS)}")
     g = _gen(device, seed)
     num_pages = math.ceil(2 * N / spec.page_size) + 1
     cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=g, dtype=torch.uint8,
