@@ -310,6 +310,16 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     0.5 (H200, fp8_e4m3_page64, interleaved A/B, with a schedule: 0.8-2.0 us faster at B=32 and 128 ctx 8192 and
     B=32 ctx 32768, 5-6 % at B=32 ctx 8192; 1.1-1.3 % slower at B=128 ctx 32768 next_n 2, whose 33.6
     MB of logits do not fit; see benchmarks/RESULTS.md, fifteenth session).
+    ``lean_loop``: the ``ws`` kernel's math warpgroups take their index, the plain tile loop's
+    first tile and its bound from lane 0 (ptxas then keeps that loop's WGMMA descriptors in
+    uniform registers), and the plain loop (next_n 2 of the 3-warpgroup fp8 kernel, both next_n
+    of the small-work kernel) keeps its stage ring as two counters. True: in every
+    instantiation; False: in none; ``"unhinted"`` (default): in those whose key copies carry no
+    evict-first hint (``kv_evict_first``: the calls whose logits exceed that share of the L2,
+    the large ones; every instantiation where the hint is off). No instantiation is added. H200,
+    fp8_e4m3_page64, interleaved A/B from a schedule: 1.9-2.6 % faster at B=128 ctx 32768 next_n
+    2, 0.8-2.3 % slower at next_n 2 of B=128 ctx 8192 and B=32 ctx 32768 (benchmarks/RESULTS.md,
+    nineteenth and twentieth sessions).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
@@ -337,7 +347,7 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "math": True, "fuse": 128, "maxnreg": 232 if wide else 0, "chains": 0,
             "wregs": True, "loop": "request", "mma_ahead": ahead,
             "small": small, "small_tiles": 40,
-            "store_passes": 1, "sched": True, "kv_evict_first": 0.5,
+            "store_passes": 1, "sched": True, "kv_evict_first": 0.5, "lean_loop": "unhinted",
             "store_lanes": 4 if _store_vec(spec) >= 8 else 16}
 
 
@@ -359,6 +369,7 @@ def _check_counts(tune: dict[str, Any]) -> None:
         raise ValueError(f"tuning store_lanes={v!r}: must be 2, 4, 8, 16 or 32")
     _kv_evict_first(tune)
     _loop(tune)
+    _lean_loop(tune)
 
 
 _SMALL_KEYS = ("stages", "promote", "kernel", "math_wgs", "ws_stages", "fuse", "maxnreg", "chains",
@@ -442,6 +453,17 @@ def _kv_evict_first(tune: dict[str, Any]) -> float:
         raise ValueError(f"tuning kv_evict_first={v!r}: must be true, false (or 0) or a fraction "
                          f"of the L2 in (0, 16]")
     return float(v)
+
+
+def _lean_loop(tune: dict[str, Any]) -> str:
+    """The tuning ``lean_loop`` as the template takes it: ``"all"``, ``"none"`` or
+    ``"unhinted"``. ValueError where it is not True, False or ``"unhinted"``."""
+    v = tune["lean_loop"]
+    if v is True or v is False:
+        return "all" if v else "none"
+    if v != "unhinted":
+        raise ValueError(f"tuning lean_loop={v!r}: must be true, false or 'unhinted'")
+    return v
 
 
 def _loop(tune: dict[str, Any]) -> str:
@@ -613,6 +635,7 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "sched": bool(tune["sched"]),
         "kv_evict_first": _kv_evict_first(tune) != 0,
         "kv_evict_first_l2": _kv_evict_first(tune),
+        "lean_loop": _lean_loop(tune),
         "sched_row": SCHEDULE_ROW,
         "k_step_bytes": 32,
         "mma_op": _mma_op(spec),

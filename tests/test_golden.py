@@ -147,6 +147,23 @@ def test_kv_evict_first_tuning():
     assert not kv_evict_first_applies(spec, 1, 1, 64, l2, {"kv_evict_first": False})
 
 
+def test_lean_loop_tuning():
+    # default: the lane-0 broadcasts and the stage-ring counters only in the instantiations
+    # without the evict-first hint; true / false: in all / none; no instantiation is added
+    spec = dsagen.load_spec(SPECS["fp8_e4m3_page64"])
+    for name in ("paged_logits.cu", "paged_logits_small.cu"):
+        assert "constexpr bool kLean = !HINT;" in render(spec)[name]
+        assert "constexpr bool kLean = true;" in render(spec, {"lean_loop": True})[name]
+        assert "constexpr bool kLean = false;" in render(spec, {"lean_loop": False})[name]
+    # without the hint there is no HINT instantiation: every one takes the lean form
+    assert "constexpr bool kLean = true;" in render(spec, {"kv_evict_first": False})["paged_logits.cu"]
+    src = render(spec)["paged_logits.cu"]
+    assert "StageRing ring = StageRing::at(count, STAGES);" in src and "lane0_if<kLean>(warp / 4 - 1)" in src
+    for bad in ("all", 1, None, "hinted"):
+        with pytest.raises(ValueError, match="lean_loop"):
+            render(spec, {"lean_loop": bad})
+
+
 @pytest.mark.parametrize("name, lanes", [("fp8_e4m3_page64", 4), ("bf16_page64", 4), ("fp8_e4m3_ue8m0_page64", 4),
                                          ("fp8_e4m3_interleaved_page64", 16), ("fp8_e4m3_page1", 16),
                                          ("fp4_e2m1_page64", 16)])

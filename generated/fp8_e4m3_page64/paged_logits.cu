@@ -1034,6 +1034,12 @@ struct StageRing {
   uint32_t stage, parity;
   __device__ __forceinline__ static StageRing at(uint32_t count, int stages) { return {count % stages, (count / stages) & 1}; }
 };
+// x as lane 0 of the warp has it where LANE0 (ptxas then treats it as warp-uniform), else x.
+template <bool LANE0>
+__device__ __forceinline__ int lane0_if(int x) {
+  if constexpr (LANE0) return __shfl_sync(0xffffffffu, x, 0);
+  else return x;
+}
 // wait_tile for the tile at `ring`, which it then steps to the next tile.
 template <int STAGES, int H>
 __device__ __forceinline__ uint32_t wait_tile(uint32_t full_w, uint32_t skey, StageRing& ring, float (&sc)[H]) {
@@ -1216,9 +1222,14 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
   } else if (lo < hi) {
     DSAGEN_MARK(14, tid == 128);                                        // (timeline: math registers set)
     // ---- math warpgroup w: tile w of every split -----------------------------------------------
-    // (w, the plain tile loop's start and its bound are broadcast from lane 0: ptxas then knows
-    // them to be the same in the warp and keeps that loop's descriptors in uniform registers)
-    const int w = __shfl_sync(0xffffffffu, warp / 4 - 1, 0), wlane = tid & 127;
+    // kLean (tuning `lean_loop`): w, the plain tile loop's start and its bound are broadcast
+    // from lane 0 (ptxas then knows them to be the same in the warp and keeps that loop's
+    // descriptors in uniform registers), and the plain loop keeps its stage ring as two counters
+    // (StageRing). By default only where the key copies carry no evict-first hint (the calls
+    // with the most logits): on the H200 it was faster at B=128 ctx 32768 next_n 2 and slower at
+    // next_n 2 of B=128 ctx 8192 and B=32 ctx 32768 (benchmarks/RESULTS.md).
+    constexpr bool kLean = !HINT;
+    const int w = lane0_if<kLean>(warp / 4 - 1), wlane = tid & 127;
     // shared-memory addresses of this warpgroup's stages and barriers, and of this thread's
     // scales (its logits' keys, LaneSums::key) in stage 0, computed once
     const uint32_t sk_w = opaque(smem_u32(sk + w * STAGES * kTileBytes)), full_w = opaque(smem_u32(full + w * STAGES));
@@ -1254,7 +1265,7 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
       }
       const uint32_t q_addr = smem_u32(sq + (phase & 1) * kQBytes);
       const float* w_src = kWRegsFor<NEXT_N> ? wr : sw + (phase & 1) * N;
-      const int tile_end = __shfl_sync(0xffffffffu, min(u_end * kMathWGs, (len + kTile - 1) / kTile), 0);
+      const int tile_end = lane0_if<kLean>(min(u_end * kMathWGs, (len + kTile - 1) / kTile));
       if constexpr (kAheadFor<NEXT_N>) {
       // tuning mma_ahead: this warpgroup's next tile of the request is issued to the tensor core
       // (accumulators acc[x ^ 1]) before the epilogue of tile x runs, when its keys are there
@@ -1297,8 +1308,9 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
         }
       }
       } else {
+      if constexpr (kLean) {
       StageRing ring = StageRing::at(count, STAGES);
-      for (int tile = __shfl_sync(0xffffffffu, u * kMathWGs + w, 0); tile < tile_end; tile += kMathWGs) {
+      for (int tile = lane0_if<true>(u * kMathWGs + w); tile < tile_end; tile += kMathWGs) {
         float sc[LaneSums<NEXT_N>::kHeld];
         const uint32_t stage = wait_tile<STAGES>(full_w, skey, ring, sc);
         DSAGEN_MARK(3, wlane == 0 && w == 0 && count == 0);                // (timeline: first keys here)
@@ -1308,6 +1320,19 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
                                            [&] { mbar_arrive(empty_w + stage * 8); });
         ++count;
         DSAGEN_MARK(4, wlane == 0 && w == 0 && count == 1);                /* (timeline: first tile done) */
+      }
+      } else {
+      for (int tile = u * kMathWGs + w; tile < tile_end; tile += kMathWGs) {
+        float sc[LaneSums<NEXT_N>::kHeld];
+        const uint32_t stage = wait_tile<STAGES>(full_w, skey, count, sc);
+        DSAGEN_MARK(3, wlane == 0 && w == 0 && count == 0);                // (timeline: first keys here)
+        // the stage is freed (this thread's reads are done) as soon as the tensor core has read it
+        tile_logits<NEXT_N, kFuse<NEXT_N>, kWRegsFor<NEXT_N> ? 2 : 8>(SmemDesc{gmma_desc_add(desc_sk, stage * kTileBytes)},
+                                           q_addr, w_src, sc, out, tile * kTile, wlane,
+                                           [&] { mbar_arrive(empty_w + stage * 8); });
+        ++count;
+        DSAGEN_MARK(4, wlane == 0 && w == 0 && count == 1);                /* (timeline: first tile done) */
+      }
       }
       }
       g += u_end - u;
