@@ -317,9 +317,12 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     instantiation; False: in none; ``"unhinted"`` (default): in those whose key copies carry no
     evict-first hint (``kv_evict_first``: the calls whose logits exceed that share of the L2,
     the large ones; every instantiation where the hint is off). No instantiation is added. H200,
-    fp8_e4m3_page64, interleaved A/B from a schedule: 1.9-2.6 % faster at B=128 ctx 32768 next_n
-    2, 0.8-2.3 % slower at next_n 2 of B=128 ctx 8192 and B=32 ctx 32768 (benchmarks/RESULTS.md,
-    nineteenth and twentieth sessions).
+    fp8_e4m3_page64, interleaved A/B from a schedule: the lean form everywhere (the nineteenth
+    session's kernels) was 1.9-2.6 % faster at B=128 ctx 32768 next_n 2 and 0.8-2.3 % slower at
+    next_n 2 of B=128 ctx 8192 and B=32 ctx 32768 than the kernels before it; ``"unhinted"``
+    was 2.2 / 2.4 % faster than the lean form everywhere at those two and the same at B=128 ctx
+    32768, where no lean form at all was 2.0 % slower (benchmarks/RESULTS.md, nineteenth and
+    twentieth sessions).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
