@@ -321,8 +321,8 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     session's kernels) was 1.9-2.6 % faster at B=128 ctx 32768 next_n 2 and 0.8-2.3 % slower at
     next_n 2 of B=128 ctx 8192 and B=32 ctx 32768 than the kernels before it; ``"unhinted"``
     was 2.2-2.7 / 1.4-2.4 % faster than the lean form everywhere at those two (two A/B calls)
-    and the same at B=128 ctx 32768, where no lean form at all was 2.0 % slower (benchmarks/RESULTS.md, nineteenth and
-    twentieth sessions).
+    and the same at B=128 ctx 32768, where no lean form at all was 2.0 % slower (see
+    benchmarks/RESULTS.md, nineteenth and twentieth sessions).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
