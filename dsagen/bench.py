@@ -548,7 +548,7 @@ def measure_copy_bandwidth(timer: CudaTimer, nbytes: int = COPY_BYTES, runs: int
     nbytes = int(min(nbytes, free // 4))
     src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    if getattr(timer, "method", "spin") == "graph":
+    if timer.method == "graph":
         timer = CudaTimer("spin")
     t = timer.time(lambda _k: dst.copy_(src), 1, runs, warmup)
     del src, dst

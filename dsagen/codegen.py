@@ -459,14 +459,16 @@ def _kv_evict_first(tune: dict[str, Any]) -> float:
 
 
 def _lean_loop(tune: dict[str, Any]) -> str:
-    """The tuning ``lean_loop`` as the template takes it: ``"all"``, ``"none"`` or
-    ``"unhinted"``. ValueError where it is not True, False or ``"unhinted"``."""
+    """The tuning ``lean_loop`` as the template's ``kLean`` (a C++ bool expression of the kernel's
+    template arguments): ``"true"``, ``"false"``, or for ``"unhinted"`` ``"!HINT"`` where the
+    evict-first hint exists (else ``"true"``). ValueError where it is not True, False or
+    ``"unhinted"``."""
     v = tune["lean_loop"]
     if v is True or v is False:
-        return "all" if v else "none"
+        return "true" if v else "false"
     if v != "unhinted":
         raise ValueError(f"tuning lean_loop={v!r}: must be true, false or 'unhinted'")
-    return v
+    return "!HINT" if _kv_evict_first(tune) != 0 else "true"
 
 
 def _loop(tune: dict[str, Any]) -> str:
