@@ -351,6 +351,34 @@ def _main_kernel_cases(spec: Spec, ops, device, cases, next_n: int):
     return out
 
 
+def _unhinted_cases(spec: Spec, ops, device, cases, next_n: int):
+    """Where the sm_90a TMA kernel gives its key copies the L2 evict-first hint only in calls
+    whose logits fit a share of the L2 (tuning ``kv_evict_first`` a fraction: its other
+    instantiation, with the ``lean_loop`` form by default, runs the large calls), the 64-request
+    case of :func:`default_cases` again with ``max_context_len`` raised until its logits
+    (``B * next_n * max_context_len * 4`` bytes) pass that share, so the instantiation without
+    the hint runs: ``[(context_lens, max_context_len)]``; none on the CPU, on another device, or
+    where every call runs one instantiation."""
+    if str(device) == "cpu" or not getattr(ops, "has_cuda", True):
+        return []
+    from .codegen import _kv_evict_first, effective_tuning, kv_evict_first_applies, paged_logits_kernel
+    frac = _kv_evict_first(effective_tuning(spec, getattr(ops, "tuning", None)))
+    if frac <= 0:
+        return []
+    props = torch.cuda.get_device_properties(torch.device(device))
+    flat = [c for c, two_d in cases if not two_d and len(c) == 64][:1]
+    out = []
+    for lens in flat:
+        B = len(lens)
+        max_len = max(max(lens), int(frac * props.L2_cache_size) // (B * next_n * 4) + spec.page_size)
+        kernel = paged_logits_kernel(spec, next_n, B, max_len, props.multi_processor_count,
+                                     props.major, getattr(ops, "tuning", None))
+        if kernel == "ws" and not kv_evict_first_applies(spec, next_n, B, max_len, props.L2_cache_size,
+                                                         getattr(ops, "tuning", None)):
+            out.append((lens, max_len))
+    return out
+
+
 def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = False,
            reruns: int = 2) -> Report:
     """Run the verification sweep of ``spec``'s ops on ``device`` ("cpu" or "cuda").
@@ -382,6 +410,14 @@ def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = Fa
             row = check_logits(ops, spec, ctx, next_n, gen, device, reruns=reruns,
                                max_context_len=max_len)
             row.shape += " main kernel"
+            row.backend = device
+            rep.rows.append(row)
+        # the same 64 requests with logits too large for the L2 evict-first hint: the other
+        # instantiation of the main kernel (the one large decode calls run)
+        for ctx, max_len in _unhinted_cases(spec, ops, device, cases, next_n):
+            row = check_logits(ops, spec, ctx, next_n, gen, device, reruns=reruns,
+                               max_context_len=max_len)
+            row.shape += f" max_len={max_len} no L2 hint"
             row.backend = device
             rep.rows.append(row)
         row = check_logits(ops, spec, [130, 65], next_n, gen, device, clean_logits=False,

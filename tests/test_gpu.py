@@ -52,8 +52,19 @@ def _inputs(spec, lens, next_n, gen, two_d=False):
 
 
 def test_verify_cuda(dsagen_spec, any_cuda_ops, seed, repro):
-    rep = verify(dsagen_spec, any_cuda_ops, "cuda", seed=seed, quick=False, reruns=3)
+    """The verification sweep on CUDA passes; where the TMA kernel's L2 evict-first hint covers
+    only calls with small logits (tuning ``kv_evict_first`` a fraction of the L2), the sweep also
+    ran the instantiation without it (the large calls' kernel) at every next_n."""
+    from dsagen.codegen import _kv_evict_first, effective_tuning, ws_stages
+    spec, ops = dsagen_spec, any_cuda_ops
+    rep = verify(spec, ops, "cuda", seed=seed, quick=False, reruns=3)
     assert rep.passed, f"{repro}\n{rep.table()}"
+    unhinted = [r for r in rep.rows if r.shape.endswith("no L2 hint")]
+    expected = (torch.cuda.get_device_capability()[0] == 9
+                and _kv_evict_first(effective_tuning(spec, ops.tuning)) > 0)
+    for next_n in spec.next_n:
+        has = [r for r in unhinted if f"next_n={next_n} " in r.shape]
+        assert bool(has) == (expected and ws_stages(spec, next_n, ops.tuning) > 0), (next_n, rep.table())
 
 
 @pytest.mark.parametrize("k_dtype", [torch.bfloat16, torch.float32, torch.float16], ids=str)
