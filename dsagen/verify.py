@@ -357,24 +357,28 @@ def _unhinted_cases(spec: Spec, ops, device, cases, next_n: int):
     instantiation, with the ``lean_loop`` form by default, runs the large calls), the 64-request
     case of :func:`default_cases` again with ``max_context_len`` raised until its logits
     (``B * next_n * max_context_len * 4`` bytes) pass that share, so the instantiation without
-    the hint runs: ``[(context_lens, max_context_len)]``; none on the CPU, on another device, or
-    where every call runs one instantiation."""
+    the hint runs (and past the small-work kernel's bound, so the main kernel takes it):
+    ``[(context_lens, max_context_len)]``; none on the CPU, without CUDA ops, or where every call
+    runs one instantiation."""
     if str(device) == "cpu" or not getattr(ops, "has_cuda", True):
         return []
-    from .codegen import _kv_evict_first, effective_tuning, kv_evict_first_applies, paged_logits_kernel
-    frac = _kv_evict_first(effective_tuning(spec, getattr(ops, "tuning", None)))
+    from .codegen import (_kv_evict_first, effective_tuning, kv_evict_first_applies, paged_logits_kernel,
+                          small_work_max_len)
+    tuning = getattr(ops, "tuning", None)
+    frac = _kv_evict_first(effective_tuning(spec, tuning))
     if frac <= 0:
         return []
     props = torch.cuda.get_device_properties(torch.device(device))
     flat = [c for c, two_d in cases if not two_d and len(c) == 64][:1]
     out = []
     for lens in flat:
-        B = len(lens)
-        max_len = max(max(lens), int(frac * props.L2_cache_size) // (B * next_n * 4) + spec.page_size)
-        kernel = paged_logits_kernel(spec, next_n, B, max_len, props.multi_processor_count,
-                                     props.major, getattr(ops, "tuning", None))
+        B, sms = len(lens), props.multi_processor_count
+        small = small_work_max_len(spec, next_n, B, sms, tuning)
+        max_len = max(max(lens), int(frac * props.L2_cache_size) // (B * next_n * 4) + spec.page_size,
+                      (small or 0) + 1)
+        kernel = paged_logits_kernel(spec, next_n, B, max_len, sms, props.major, tuning)
         if kernel == "ws" and not kv_evict_first_applies(spec, next_n, B, max_len, props.L2_cache_size,
-                                                         getattr(ops, "tuning", None)):
+                                                         tuning):
             out.append((lens, max_len))
     return out
 

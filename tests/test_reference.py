@@ -450,3 +450,37 @@ def test_ragged_logits_vs_loop(name, gen, repro):
                 continue
             acc = sum(float(w[s, h]) * max(0.0, float(q[s, h].double() @ kf[n])) for h in range(spec.num_heads))
             assert got[s, n].item() == pytest.approx(acc, rel=1e-9, abs=1e-9), repro
+
+
+@pytest.mark.parametrize("tuning", [None, {"kv_evict_first": 0.01}, {"small_tiles": 2000},
+                                    {"kv_evict_first": True}, {"kv_evict_first": False}])
+def test_unhinted_cases_reach_the_main_kernel_without_the_hint(tuning, monkeypatch):
+    """The sm_90 verification case for the TMA kernel's instantiation without the L2 hint
+    (dsagen.verify._unhinted_cases), on a stand-in H200 (60 MiB L2, 132 SMs): its
+    max_context_len puts the call past the hint's bound and past the small-work kernel's, so the
+    launch's rules (paged_logits_kernel, kv_evict_first_applies) give the main kernel without the
+    hint; no case where the hint is always on or always off."""
+    from types import SimpleNamespace
+
+    from dsagen import load_spec
+    from dsagen.codegen import _kv_evict_first, effective_tuning, kv_evict_first_applies, paged_logits_kernel
+    from dsagen.verify import _unhinted_cases, default_cases
+    from conftest import SPECS
+    props = SimpleNamespace(L2_cache_size=60 * 2**20, multi_processor_count=132, major=9)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a, **k: props)
+    ops = SimpleNamespace(has_cuda=True, tuning=tuning)
+    spec = load_spec(SPECS["fp8_e4m3_page64"])
+    cases = default_cases("cuda", torch.Generator().manual_seed(0))
+    for next_n in (1, 2, 4):
+        got = _unhinted_cases(spec, ops, "cuda", cases, next_n)
+        if _kv_evict_first(effective_tuning(spec, tuning)) <= 0:
+            assert got == [], tuning
+            continue
+        assert len(got) == 1 and len(got[0][0]) == 64, (tuning, got)
+        lens, max_len = got[0]
+        assert max_len >= max(lens)
+        assert paged_logits_kernel(spec, next_n, 64, max_len, 132, 9, tuning) == "ws"
+        assert not kv_evict_first_applies(spec, next_n, 64, max_len, props.L2_cache_size, tuning)
+    # none on the CPU or without CUDA ops
+    assert _unhinted_cases(spec, ops, "cpu", cases, 1) == []
+    assert _unhinted_cases(spec, SimpleNamespace(has_cuda=False, tuning=None), "cuda", cases, 1) == []
