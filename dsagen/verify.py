@@ -408,20 +408,16 @@ def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = Fa
             row = check_logits(ops, spec, ctx, next_n, gen, device, ctx_2d=two_d, reruns=reruns)
             row.backend = device
             rep.rows.append(row)
-        # with a small-work kernel (tuning `small`) the cases above run on it: the main kernel
-        # gets the two larger cases again, max_context_len raised above the small-work bound
-        for ctx, max_len in _main_kernel_cases(spec, ops, device, cases, next_n):
+        # cases again with max_context_len raised: with a small-work kernel (tuning `small`) the
+        # cases above run on it, so the main kernel gets the two larger ones past its bound; and
+        # the 64 requests with logits too large for the L2 evict-first hint run the main kernel's
+        # other instantiation (the one large decode calls run)
+        raised = ([(c, m, " main kernel") for c, m in _main_kernel_cases(spec, ops, device, cases, next_n)]
+                  + [(c, m, f" max_len={m} no L2 hint") for c, m in _unhinted_cases(spec, ops, device, cases, next_n)])
+        for ctx, max_len, label in raised:
             row = check_logits(ops, spec, ctx, next_n, gen, device, reruns=reruns,
                                max_context_len=max_len)
-            row.shape += " main kernel"
-            row.backend = device
-            rep.rows.append(row)
-        # the same 64 requests with logits too large for the L2 evict-first hint: the other
-        # instantiation of the main kernel (the one large decode calls run)
-        for ctx, max_len in _unhinted_cases(spec, ops, device, cases, next_n):
-            row = check_logits(ops, spec, ctx, next_n, gen, device, reruns=reruns,
-                               max_context_len=max_len)
-            row.shape += f" max_len={max_len} no L2 hint"
+            row.shape += label
             row.backend = device
             rep.rows.append(row)
         row = check_logits(ops, spec, [130, 65], next_n, gen, device, clean_logits=False,
