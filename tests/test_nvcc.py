@@ -165,3 +165,18 @@ def test_timeline_probe_builds(name, tuning, nvcc, tmp_path):
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     exe = r.stdout.strip().splitlines()[-1].removeprefix("built ")
     assert Path(exe).is_file() and Path(exe).stat().st_size > 0, r.stdout
+
+
+def test_wgmma_probe_builds(nvcc, tmp_path):
+    """benchmarks/wgmma_probe.cu (the tensor-core throughput probe of the twenty-second session)
+    still compiles for sm_90a against the shipped CuTe headers."""
+    import subprocess
+    from pathlib import Path
+    from dsagen.jit import cutlass_include_dir
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "wgmma_probe.cubin"
+    r = subprocess.run([nvcc, "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-gencode", "arch=compute_90a,code=sm_90a",
+                        "-I", str(cutlass_include_dir()), "-cubin", "-o", str(out), str(root / "benchmarks" / "wgmma_probe.cu")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    assert out.stat().st_size > 0

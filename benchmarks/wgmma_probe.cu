@@ -1,0 +1,242 @@
+// WGMMA throughput probe (development script, not part of the dsagen build; `nvcc -std=c++17 -O3
+// --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I CUTE_INCLUDE
+// benchmarks/wgmma_probe.cu`, then run it on an sm_90 GPU; results in benchmarks/RESULTS.md,
+// twenty-second session).
+// Each CTA (one per SM) runs W warpgroups, each on its own 8 KB key tile and a shared 16 KB q in
+// shared memory (random finite e4m3 bytes); each warpgroup issues `tiles` chains of one tile's
+// WGMMA instructions (fp8 e4m3, fp32 accumulators) and waits for each chain before the next, as
+// the paged-logits math loop does; no memory traffic. Prints the median over SMs of SM cycles
+// per tile per SM (the SM's slowest warpgroup's cycles / (tiles x W)) and the SM clock
+// (%clock64 over %globaltimer).
+// V0-V4 have no epilogue: every chain accumulates onto the last one (scale-d 1), because with
+// scale-d 0 at the first K step ptxas dropped the chains whose results nothing read (the first
+// run of this probe measured 3.3x the tensor core's peak that way).
+//   V0: keys A (smem) x q B (smem), m64n128k32 x 4   (next_n 2 tile, the kernel's form)
+//   V1: q A (registers) x keys B (smem), m64n64k32 x 8 (next_n 2 tile, transposed: heads x tokens)
+//   V2: q A (smem) x keys B (smem), m64n64k32 x 8     (transposed, both from smem)
+//   V3: keys A x q B, m64n64k32 x 4                   (next_n 1 tile, the kernel's form)
+//   V4: q A (registers) x keys B, m64n64k32 x 4       (next_n 1 tile, transposed)
+//   V5: V0's chain (scale-d 0 at the first K step), then the kernel's next_n 2 epilogue on it
+//   V6: V5 with the next tile's chain issued before the epilogue (two accumulator sets; built for
+//       at most 2 warpgroups, 255 registers; ptxas still inserts a wait before the loop's end)
+#include <cstdio>
+#include <cstdint>
+#include <vector>
+#include <algorithm>
+#include <cstdlib>
+#include <cuda_runtime.h>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90_desc.hpp>
+using namespace cute::SM90::GMMA;
+
+__device__ __forceinline__ uint64_t desc(uint32_t addr) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = uint16_t(addr >> 4);
+  d.bitfield.leading_byte_offset_ = 1;
+  d.bitfield.stride_byte_offset_ = 1024 >> 4;
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = uint8_t(cute::SM90::GMMA::LayoutType::B128);
+  return d.desc_;
+}
+__device__ __forceinline__ uint64_t dadd(uint64_t d, uint32_t bytes) {
+  return (d & 0xffffffff00000000ull) | uint32_t(uint32_t(d) + (bytes >> 4));
+}
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void fence64(float (&a)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(a[i]);
+}
+// the kernel's next_n 2 epilogue, in form: relu * w as (x + |x|) * w/2 into 8 partial sums (2
+// positions x keys r0, r0 + 8 x 2 head parities), 2 sums per position, the quad's transposed
+// reduction (3 shuffles), times the key scale, summed into `total` instead of stored
+__device__ __forceinline__ void epilogue(float (&a)[64], const float (&wr)[32], float& total, float sc) {
+  float s[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float& t = s[(j / 8) * 4 + c];
+      t = fmaf(a[4 * j + c] + fabsf(a[4 * j + c]), wr[2 * j + (c & 1)], t);
+    }
+  float v[4] = {s[0] + s[1], s[2] + s[3], s[4] + s[5], s[6] + s[7]};
+  const int lane = threadIdx.x & 31;
+  // step 1: lanes with bit 0 keep v[2..3], send v[0..1]
+  const bool hi = lane & 1;
+  float k0 = hi ? v[2] : v[0], k1 = hi ? v[3] : v[1], o0 = hi ? v[0] : v[2], o1 = hi ? v[1] : v[3];
+  k0 += __shfl_xor_sync(0xffffffffu, o0, 1);
+  k1 += __shfl_xor_sync(0xffffffffu, o1, 1);
+  const bool hi2 = lane & 2;
+  float k = hi2 ? k1 : k0, o = hi2 ? k0 : k1;
+  k += __shfl_xor_sync(0xffffffffu, o, 2);
+  total += k * sc;
+}
+
+template <int V>
+__global__ void __launch_bounds__(V == 6 ? 256 : 384, 1) probe(const uint8_t* src, int tiles, long long* cyc, long long* ns, float* sink) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  // 3 x 8 KB key tiles (one per warpgroup) + 16 KB q
+  for (int i = threadIdx.x; i < 40 * 1024 / 16; i += blockDim.x)
+    reinterpret_cast<uint4*>(smem)[i] = reinterpret_cast<const uint4*>(src)[(blockIdx.x * 97 + i) % (1 << 16)];
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  const uint32_t keys = smem_u32(smem) + wg * 8192, q = smem_u32(smem) + 24576;
+  float d[64], d2[64];
+  float wr[32], total = 0.f, sc = 1.0f + threadIdx.x * 1e-3f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) wr[i] = 0.5f + 1e-3f * (i + threadIdx.x);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) d2[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) d[i] = 0.f;
+  uint32_t a[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) a[i] = reinterpret_cast<const uint32_t*>(smem)[(threadIdx.x * 33 + i * 7) % 10240];
+  const uint64_t dk = desc(keys), dq = desc(q), dq2 = desc(q + 8192);
+  long long c0 = clock64(), t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+#pragma unroll 1
+  for (int t = 0; t < tiles; ++t) {
+    cute::warpgroup_arrive();
+    if constexpr (V == 0) {
+    MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 0), dadd(dq, 0), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+    MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 32), dadd(dq, 32), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+    MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 64), dadd(dq, 64), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+    MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 96), dadd(dq, 96), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+    }
+    if constexpr (V == 1) {
+    MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], dadd(dk, 0), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[4], a[5], a[6], a[7], dadd(dk, 32), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[8], a[9], a[10], a[11], dadd(dk, 64), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[12], a[13], a[14], a[15], dadd(dk, 96), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[16], a[17], a[18], a[19], dadd(dk, 0), d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[20], a[21], a[22], a[23], dadd(dk, 32), d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[24], a[25], a[26], a[27], dadd(dk, 64), d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[28], a[29], a[30], a[31], dadd(dk, 96), d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+    }
+    if constexpr (V == 2) {
+    MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dq, 0), dadd(dk, 0), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dq, 32), dadd(dk, 32), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dq, 64), dadd(dk, 64), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dq, 96), dadd(dk, 96), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dq2, 0), dadd(dk, 0), d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dq2, 32), dadd(dk, 32), d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dq2, 64), dadd(dk, 64), d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dq2, 96), dadd(dk, 96), d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+    }
+    if constexpr (V == 3) {
+    MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 0), dadd(dq, 0), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 32), dadd(dq, 32), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 64), dadd(dq, 64), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 96), dadd(dq, 96), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    }
+    if constexpr (V == 4) {
+    MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], dadd(dk, 0), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[4], a[5], a[6], a[7], dadd(dk, 32), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[8], a[9], a[10], a[11], dadd(dk, 64), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[12], a[13], a[14], a[15], dadd(dk, 96), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
+    }
+    if constexpr (V == 5) {
+      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 0), dadd(dq, 0), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::Zero);
+      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 32), dadd(dq, 32), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 64), dadd(dq, 64), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 96), dadd(dq, 96), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+      fence64(d);
+      epilogue(d, wr, total, sc);
+      fence64(d);
+    }
+    if constexpr (V == 6) {
+      // two tiles per iteration: each chain is issued before the epilogue of the one before it
+      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 0), dadd(dq, 0), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::Zero);
+      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 32), dadd(dq, 32), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 64), dadd(dq, 64), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 96), dadd(dq, 96), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<1>();
+      fence64(d2);
+      epilogue(d2, wr, total, sc);
+      fence64(d2);
+      cute::warpgroup_arrive();
+      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 0), dadd(dq, 0), d2[0], d2[1], d2[2], d2[3], d2[4], d2[5], d2[6], d2[7], d2[8], d2[9], d2[10], d2[11], d2[12], d2[13], d2[14], d2[15], d2[16], d2[17], d2[18], d2[19], d2[20], d2[21], d2[22], d2[23], d2[24], d2[25], d2[26], d2[27], d2[28], d2[29], d2[30], d2[31], d2[32], d2[33], d2[34], d2[35], d2[36], d2[37], d2[38], d2[39], d2[40], d2[41], d2[42], d2[43], d2[44], d2[45], d2[46], d2[47], d2[48], d2[49], d2[50], d2[51], d2[52], d2[53], d2[54], d2[55], d2[56], d2[57], d2[58], d2[59], d2[60], d2[61], d2[62], d2[63], ScaleOut::Zero);
+      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 32), dadd(dq, 32), d2[0], d2[1], d2[2], d2[3], d2[4], d2[5], d2[6], d2[7], d2[8], d2[9], d2[10], d2[11], d2[12], d2[13], d2[14], d2[15], d2[16], d2[17], d2[18], d2[19], d2[20], d2[21], d2[22], d2[23], d2[24], d2[25], d2[26], d2[27], d2[28], d2[29], d2[30], d2[31], d2[32], d2[33], d2[34], d2[35], d2[36], d2[37], d2[38], d2[39], d2[40], d2[41], d2[42], d2[43], d2[44], d2[45], d2[46], d2[47], d2[48], d2[49], d2[50], d2[51], d2[52], d2[53], d2[54], d2[55], d2[56], d2[57], d2[58], d2[59], d2[60], d2[61], d2[62], d2[63], ScaleOut::One);
+      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 64), dadd(dq, 64), d2[0], d2[1], d2[2], d2[3], d2[4], d2[5], d2[6], d2[7], d2[8], d2[9], d2[10], d2[11], d2[12], d2[13], d2[14], d2[15], d2[16], d2[17], d2[18], d2[19], d2[20], d2[21], d2[22], d2[23], d2[24], d2[25], d2[26], d2[27], d2[28], d2[29], d2[30], d2[31], d2[32], d2[33], d2[34], d2[35], d2[36], d2[37], d2[38], d2[39], d2[40], d2[41], d2[42], d2[43], d2[44], d2[45], d2[46], d2[47], d2[48], d2[49], d2[50], d2[51], d2[52], d2[53], d2[54], d2[55], d2[56], d2[57], d2[58], d2[59], d2[60], d2[61], d2[62], d2[63], ScaleOut::One);
+      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 96), dadd(dq, 96), d2[0], d2[1], d2[2], d2[3], d2[4], d2[5], d2[6], d2[7], d2[8], d2[9], d2[10], d2[11], d2[12], d2[13], d2[14], d2[15], d2[16], d2[17], d2[18], d2[19], d2[20], d2[21], d2[22], d2[23], d2[24], d2[25], d2[26], d2[27], d2[28], d2[29], d2[30], d2[31], d2[32], d2[33], d2[34], d2[35], d2[36], d2[37], d2[38], d2[39], d2[40], d2[41], d2[42], d2[43], d2[44], d2[45], d2[46], d2[47], d2[48], d2[49], d2[50], d2[51], d2[52], d2[53], d2[54], d2[55], d2[56], d2[57], d2[58], d2[59], d2[60], d2[61], d2[62], d2[63], ScaleOut::One);
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<1>();
+      fence64(d);
+      epilogue(d, wr, total, sc);
+      fence64(d);
+      ++t;
+    }
+    if constexpr (V < 5) {
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+    }
+  }
+  long long c1 = clock64(), t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  float s = total;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s += d[i] + d2[i];
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
+  if (threadIdx.x % 128 == 0) {
+    cyc[blockIdx.x * 3 + wg] = c1 - c0;
+    ns[blockIdx.x * 3 + wg] = t1 - t0;
+  }
+}
+
+template <int V>
+void run(const char* name, const uint8_t* src, int wgs, int tiles, int sms, long long* cyc, long long* ns, float* sink) {
+  const int smem = 160 * 1024;
+  cudaFuncSetAttribute(probe<V>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  std::vector<long long> hc(sms * 3), hn(sms * 3);
+  double best_cpt = 1e30, mhz = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    probe<V><<<sms, 128 * wgs, smem>>>(src, tiles, cyc, ns, sink);
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) { printf("%s: %s\n", name, cudaGetErrorString(e)); exit(1); }
+    cudaMemcpy(hc.data(), cyc, hc.size() * 8, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hn.data(), ns, hn.size() * 8, cudaMemcpyDeviceToHost);
+    // per SM: its slowest warpgroup's cycles / (tiles * wgs) = cycles per tile on that SM; median over SMs
+    std::vector<double> cpt, clk;
+    for (int b = 0; b < sms; ++b) {
+      long long c = 0, n = 0;
+      for (int g = 0; g < wgs; ++g) { if (hc[b * 3 + g] > c) { c = hc[b * 3 + g]; n = hn[b * 3 + g]; } }
+      cpt.push_back(double(c) / (double(tiles) * wgs));
+      clk.push_back(double(c) / double(n) * 1e3);
+    }
+    std::sort(cpt.begin(), cpt.end());
+    std::sort(clk.begin(), clk.end());
+    if (rep > 0 && cpt[sms / 2] < best_cpt) { best_cpt = cpt[sms / 2]; mhz = clk[sms / 2]; }
+  }
+  printf("%-42s W=%d  %7.1f SM cycles per tile per SM  (%6.3f us at %4.0f MHz)\n", name, wgs, best_cpt, best_cpt / mhz, mhz);
+}
+
+int main() {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  uint8_t* src; long long *cyc, *ns; float* sink;
+  cudaMalloc(&src, 1 << 20); cudaMalloc(&cyc, sms * 3 * 8); cudaMalloc(&ns, sms * 3 * 8);
+  cudaMalloc(&sink, sms * 384 * 4);
+  std::vector<uint8_t> h(1 << 20);
+  uint32_t x = 12345;
+  for (auto& v : h) { x = x * 1664525u + 1013904223u; v = uint8_t(x >> 24) & 0x77; }  // finite e4m3 (|x| < 448)
+  cudaMemcpy(src, h.data(), h.size(), cudaMemcpyHostToDevice);
+  const int tiles = 20000;
+  bool run6 = true;   // V6 is built for at most 2 warpgroups (255 registers)
+  for (int wgs = 1; wgs <= 3; ++wgs) {
+    if (wgs == 3) { run6 = false; }
+    run<0>("V0 nn2 keys-A smem, q-B: m64n128k32 x4", src, wgs, tiles, sms, cyc, ns, sink);
+    run<1>("V1 nn2 q-A regs, keys-B: m64n64k32 x8", src, wgs, tiles, sms, cyc, ns, sink);
+    run<2>("V2 nn2 q-A smem, keys-B: m64n64k32 x8", src, wgs, tiles, sms, cyc, ns, sink);
+    run<3>("V3 nn1 keys-A smem, q-B: m64n64k32 x4", src, wgs, tiles, sms, cyc, ns, sink);
+    run<4>("V4 nn1 q-A regs, keys-B: m64n64k32 x4", src, wgs, tiles, sms, cyc, ns, sink);
+    run<5>("V5 nn2 V0 + epilogue", src, wgs, tiles, sms, cyc, ns, sink);
+    if (run6) run<6>("V6 nn2 V0 + epilogue, next chain ahead", src, wgs, tiles, sms, cyc, ns, sink);
+  }
+  return 0;
+}
