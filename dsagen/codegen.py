@@ -169,10 +169,30 @@ def ws_stages(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> 
     tune = effective_tuning(spec, tuning)
     if tune["kernel"] != "ws" or not uses_ws(spec):
         return 0
-    s = int(tune["ws_stages"])
+    s = _stages_at(tune["ws_stages"], next_n)
     while s >= 2 and ws_smem_bytes(spec, next_n, int(tune["math_wgs"]), s) > MAX_SMEM_BYTES:
         s -= 1
     return s if s >= 2 else 0
+
+
+def _stages_at(v: Any, next_n: int) -> int:
+    """The tuning ``ws_stages`` at ``next_n``: an integer for every next_n, or a dict from next_n
+    (an int, or its digits as a JSON object key) to an integer. ValueError naming the tuning where
+    it is neither, or the dict has no entry for ``next_n``."""
+    if isinstance(v, dict):
+        by_nn = {}
+        for k, x in v.items():
+            try:
+                by_nn[int(k)] = x
+            except (TypeError, ValueError):
+                raise ValueError(f"tuning ws_stages={v!r}: keys must be next_n values") from None
+        if next_n not in by_nn:
+            raise ValueError(f"tuning ws_stages={v!r}: no entry for next_n={next_n}")
+        v = by_nn[next_n]
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 64:
+        raise ValueError(f"tuning ws_stages={v!r}: must be an integer from 0 to 64, or a dict from "
+                         f"next_n to one")
+    return v
 
 
 def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> bool:
@@ -228,7 +248,8 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
 
     ``kernel``: ``ws`` (warp-specialized: ``math_wgs`` WGMMA warpgroups, each fed by its own
     TMA producer warp, ``ws_stages`` tiles in flight each; the default where :func:`uses_ws`;
-    ``ws_stages`` 3 for 8-bit keys, else 4: on the H200, fp8, with the sixteenth session's
+    ``ws_stages`` 3 for 8-bit keys, else 4 (an integer for every next_n, or a dict from next_n
+    to one, e.g. ``{"1": 3, "2": 4}``); on the H200, fp8, with the sixteenth session's
     epilogue, interleaved, one device call: 3 was 0.5-3.8 % faster than 4 at B=128 ctx 8192, B=32
     ctx 32768 and B=128 ctx 32768 next_n 1, 0.6 % slower at B=128 ctx 32768 next_n 2; 5 slower
     everywhere; see benchmarks/RESULTS.md, sixteenth session),

@@ -315,6 +315,29 @@ def test_ws_stage_defaults(shipped):
     assert ws_stages(fp8, 1, small_tuning(fp8, {"ws_stages": 5, "small": small})) == 4
 
 
+def test_ws_stages_per_next_n(shipped):
+    """Tuning ws_stages as a dict from next_n (an int or its JSON digits) to a stage count: each
+    next_n's kernel gets its own, in the rendered source too; a missing next_n or a bad key is a
+    ValueError naming the tuning."""
+    fp8 = shipped["fp8_e4m3_page64"]
+    for per_nn in ({1: 3, 2: 4}, {"1": 3, "2": 4}):
+        assert [ws_stages(fp8, nn, {"ws_stages": per_nn}) for nn in fp8.next_n] == [3, 4]
+        small = {"maxnreg": 232, "math_wgs": 2, "ws_stages": per_nn}
+        assert [ws_stages(fp8, nn, small_tuning(fp8, {"small": small})) for nn in fp8.next_n] == [3, 4]
+        src = render(fp8, {"small": small})["paged_logits_small.cu"]
+        assert "kWsStagesFor<1> = 3;" in src and "kWsStagesFor<2> = 4;" in src
+    # the same kernels from int or string keys: one namespace
+    assert namespace(fp8, {"ws_stages": {1: 3, 2: 4}}) == namespace(fp8, {"ws_stages": {"1": 3, "2": 4}})
+    with pytest.raises(ValueError, match=r"ws_stages=.*no entry for next_n=2"):
+        ws_stages(fp8, 2, {"ws_stages": {"1": 3}})
+    with pytest.raises(ValueError, match=r"ws_stages=.*keys must be next_n values"):
+        ws_stages(fp8, 1, {"ws_stages": {"one": 3}})
+    with pytest.raises(ValueError, match=r"ws_stages=.*integer from 0 to 64"):
+        ws_stages(fp8, 1, {"ws_stages": {"1": "3"}})
+    with pytest.raises(ValueError, match=r"small=.*no entry for next_n=2"):
+        small_tuning(fp8, {"small": {"maxnreg": 232, "math_wgs": 2, "ws_stages": {"1": 3}}})
+
+
 def test_paged_logits_kernel_choice(shipped):
     """The kernel a call runs, as the launch picks it (small-work bound: batch * ceil(max/64)
     <= small_tiles * SMs, on sm_90 only)."""
