@@ -5,9 +5,10 @@
 // Each CTA (one per SM) runs W warpgroups, each on its own 8 KB key tile and a shared 16 KB q in
 // shared memory (random finite e4m3 bytes); each warpgroup issues `tiles` chains of one tile's
 // WGMMA instructions (fp8 e4m3, fp32 accumulators) and waits for each chain before the next, as
-// the paged-logits math loop does; no memory traffic. Prints the median over SMs of SM cycles
-// per tile per SM (the SM's slowest warpgroup's cycles / (tiles x W)) and the SM clock
-// (%clock64 over %globaltimer).
+// the paged-logits math loop does (V6: the one before it); no memory traffic. One warm-up launch,
+// then 4; prints the lowest of the 4 launches' medians over SMs of SM cycles per tile per SM (the
+// SM's slowest warpgroup's cycles / (tiles x W)) and that launch's SM clock (%clock64 over
+// %globaltimer).
 // V0-V4 have no epilogue: every chain accumulates onto the last one (scale-d 1), because with
 // scale-d 0 at the first K step ptxas dropped the chains whose results nothing read (the first
 // run of this probe measured 3.3x the tensor core's peak that way).
@@ -18,7 +19,9 @@
 //   V4: q A (registers) x keys B, m64n64k32 x 4       (next_n 1 tile, transposed)
 //   V5: V0's chain (scale-d 0 at the first K step), then the kernel's next_n 2 epilogue on it
 //   V6: V5 with the next tile's chain issued before the epilogue (two accumulator sets; built for
-//       at most 2 warpgroups, 255 registers; ptxas still inserts a wait before the loop's end)
+//       at most 2 warpgroups, 255 registers). ptxas schedules it its own way: it interleaves the
+//       previous epilogue with the chain's instructions and inserts a wait for all chains
+//       (C7517) inside the second epilogue, so V6 is this compiler's schedule, not a bound.
 #include <cstdio>
 #include <cstdint>
 #include <vector>
@@ -72,6 +75,24 @@ __device__ __forceinline__ void epilogue(float (&a)[64], const float (&wr)[32], 
   float k = hi2 ? k1 : k0, o = hi2 ? k0 : k1;
   k += __shfl_xor_sync(0xffffffffu, o, 2);
   total += k * sc;
+}
+
+// A next_n 2 tile's chain into acc (scale-d 0 at the first K step; the caller's warpgroup_arrive
+// comes first), then the epilogue of `prev` once at most PENDING chains are in flight: V5 waits
+// for this chain and finishes it (prev = acc, PENDING 0); V6 finishes the previous tile's chain
+// while this one runs (PENDING 1)
+template <int PENDING>
+__device__ __forceinline__ void chain_then_epilogue(uint64_t dk, uint64_t dq, float (&acc)[64], float (&prev)[64],
+                                                    const float (&wr)[32], float& total, float sc) {
+  MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 0), dadd(dq, 0), acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7], acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15], acc[16], acc[17], acc[18], acc[19], acc[20], acc[21], acc[22], acc[23], acc[24], acc[25], acc[26], acc[27], acc[28], acc[29], acc[30], acc[31], acc[32], acc[33], acc[34], acc[35], acc[36], acc[37], acc[38], acc[39], acc[40], acc[41], acc[42], acc[43], acc[44], acc[45], acc[46], acc[47], acc[48], acc[49], acc[50], acc[51], acc[52], acc[53], acc[54], acc[55], acc[56], acc[57], acc[58], acc[59], acc[60], acc[61], acc[62], acc[63], ScaleOut::Zero);
+  MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 32), dadd(dq, 32), acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7], acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15], acc[16], acc[17], acc[18], acc[19], acc[20], acc[21], acc[22], acc[23], acc[24], acc[25], acc[26], acc[27], acc[28], acc[29], acc[30], acc[31], acc[32], acc[33], acc[34], acc[35], acc[36], acc[37], acc[38], acc[39], acc[40], acc[41], acc[42], acc[43], acc[44], acc[45], acc[46], acc[47], acc[48], acc[49], acc[50], acc[51], acc[52], acc[53], acc[54], acc[55], acc[56], acc[57], acc[58], acc[59], acc[60], acc[61], acc[62], acc[63], ScaleOut::One);
+  MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 64), dadd(dq, 64), acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7], acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15], acc[16], acc[17], acc[18], acc[19], acc[20], acc[21], acc[22], acc[23], acc[24], acc[25], acc[26], acc[27], acc[28], acc[29], acc[30], acc[31], acc[32], acc[33], acc[34], acc[35], acc[36], acc[37], acc[38], acc[39], acc[40], acc[41], acc[42], acc[43], acc[44], acc[45], acc[46], acc[47], acc[48], acc[49], acc[50], acc[51], acc[52], acc[53], acc[54], acc[55], acc[56], acc[57], acc[58], acc[59], acc[60], acc[61], acc[62], acc[63], ScaleOut::One);
+  MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 96), dadd(dq, 96), acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7], acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15], acc[16], acc[17], acc[18], acc[19], acc[20], acc[21], acc[22], acc[23], acc[24], acc[25], acc[26], acc[27], acc[28], acc[29], acc[30], acc[31], acc[32], acc[33], acc[34], acc[35], acc[36], acc[37], acc[38], acc[39], acc[40], acc[41], acc[42], acc[43], acc[44], acc[45], acc[46], acc[47], acc[48], acc[49], acc[50], acc[51], acc[52], acc[53], acc[54], acc[55], acc[56], acc[57], acc[58], acc[59], acc[60], acc[61], acc[62], acc[63], ScaleOut::One);
+  cute::warpgroup_commit_batch();
+  cute::warpgroup_wait<PENDING>();
+  fence64(prev);
+  epilogue(prev, wr, total, sc);
+  fence64(prev);
 }
 
 template <int V>
@@ -138,38 +159,12 @@ __global__ void __launch_bounds__(V == 6 ? 256 : 384, 1) probe(const uint8_t* sr
     MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[8], a[9], a[10], a[11], dadd(dk, 64), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
     MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[12], a[13], a[14], a[15], dadd(dk, 96), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], ScaleOut::One);
     }
-    if constexpr (V == 5) {
-      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 0), dadd(dq, 0), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::Zero);
-      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 32), dadd(dq, 32), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
-      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 64), dadd(dq, 64), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
-      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 96), dadd(dq, 96), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
-      cute::warpgroup_commit_batch();
-      cute::warpgroup_wait<0>();
-      fence64(d);
-      epilogue(d, wr, total, sc);
-      fence64(d);
-    }
+    if constexpr (V == 5) chain_then_epilogue<0>(dk, dq, d, d, wr, total, sc);
     if constexpr (V == 6) {
       // two tiles per iteration: each chain is issued before the epilogue of the one before it
-      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 0), dadd(dq, 0), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::Zero);
-      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 32), dadd(dq, 32), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
-      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 64), dadd(dq, 64), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
-      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 96), dadd(dq, 96), d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31], d[32], d[33], d[34], d[35], d[36], d[37], d[38], d[39], d[40], d[41], d[42], d[43], d[44], d[45], d[46], d[47], d[48], d[49], d[50], d[51], d[52], d[53], d[54], d[55], d[56], d[57], d[58], d[59], d[60], d[61], d[62], d[63], ScaleOut::One);
-      cute::warpgroup_commit_batch();
-      cute::warpgroup_wait<1>();
-      fence64(d2);
-      epilogue(d2, wr, total, sc);
-      fence64(d2);
+      chain_then_epilogue<1>(dk, dq, d, d2, wr, total, sc);
       cute::warpgroup_arrive();
-      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 0), dadd(dq, 0), d2[0], d2[1], d2[2], d2[3], d2[4], d2[5], d2[6], d2[7], d2[8], d2[9], d2[10], d2[11], d2[12], d2[13], d2[14], d2[15], d2[16], d2[17], d2[18], d2[19], d2[20], d2[21], d2[22], d2[23], d2[24], d2[25], d2[26], d2[27], d2[28], d2[29], d2[30], d2[31], d2[32], d2[33], d2[34], d2[35], d2[36], d2[37], d2[38], d2[39], d2[40], d2[41], d2[42], d2[43], d2[44], d2[45], d2[46], d2[47], d2[48], d2[49], d2[50], d2[51], d2[52], d2[53], d2[54], d2[55], d2[56], d2[57], d2[58], d2[59], d2[60], d2[61], d2[62], d2[63], ScaleOut::Zero);
-      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 32), dadd(dq, 32), d2[0], d2[1], d2[2], d2[3], d2[4], d2[5], d2[6], d2[7], d2[8], d2[9], d2[10], d2[11], d2[12], d2[13], d2[14], d2[15], d2[16], d2[17], d2[18], d2[19], d2[20], d2[21], d2[22], d2[23], d2[24], d2[25], d2[26], d2[27], d2[28], d2[29], d2[30], d2[31], d2[32], d2[33], d2[34], d2[35], d2[36], d2[37], d2[38], d2[39], d2[40], d2[41], d2[42], d2[43], d2[44], d2[45], d2[46], d2[47], d2[48], d2[49], d2[50], d2[51], d2[52], d2[53], d2[54], d2[55], d2[56], d2[57], d2[58], d2[59], d2[60], d2[61], d2[62], d2[63], ScaleOut::One);
-      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 64), dadd(dq, 64), d2[0], d2[1], d2[2], d2[3], d2[4], d2[5], d2[6], d2[7], d2[8], d2[9], d2[10], d2[11], d2[12], d2[13], d2[14], d2[15], d2[16], d2[17], d2[18], d2[19], d2[20], d2[21], d2[22], d2[23], d2[24], d2[25], d2[26], d2[27], d2[28], d2[29], d2[30], d2[31], d2[32], d2[33], d2[34], d2[35], d2[36], d2[37], d2[38], d2[39], d2[40], d2[41], d2[42], d2[43], d2[44], d2[45], d2[46], d2[47], d2[48], d2[49], d2[50], d2[51], d2[52], d2[53], d2[54], d2[55], d2[56], d2[57], d2[58], d2[59], d2[60], d2[61], d2[62], d2[63], ScaleOut::One);
-      MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(dadd(dk, 96), dadd(dq, 96), d2[0], d2[1], d2[2], d2[3], d2[4], d2[5], d2[6], d2[7], d2[8], d2[9], d2[10], d2[11], d2[12], d2[13], d2[14], d2[15], d2[16], d2[17], d2[18], d2[19], d2[20], d2[21], d2[22], d2[23], d2[24], d2[25], d2[26], d2[27], d2[28], d2[29], d2[30], d2[31], d2[32], d2[33], d2[34], d2[35], d2[36], d2[37], d2[38], d2[39], d2[40], d2[41], d2[42], d2[43], d2[44], d2[45], d2[46], d2[47], d2[48], d2[49], d2[50], d2[51], d2[52], d2[53], d2[54], d2[55], d2[56], d2[57], d2[58], d2[59], d2[60], d2[61], d2[62], d2[63], ScaleOut::One);
-      cute::warpgroup_commit_batch();
-      cute::warpgroup_wait<1>();
-      fence64(d);
-      epilogue(d, wr, total, sc);
-      fence64(d);
+      chain_then_epilogue<1>(dk, dq, d2, d, wr, total, sc);
       ++t;
     }
     if constexpr (V < 5) {
@@ -196,8 +191,12 @@ void run(const char* name, const uint8_t* src, int wgs, int tiles, int sms, long
   std::vector<long long> hc(sms * 3), hn(sms * 3);
   double best_cpt = 1e30, mhz = 0;
   for (int rep = 0; rep < 5; ++rep) {
+    // cleared first, so that a launch that did not run cannot reprint the previous variant's counts
+    cudaMemset(cyc, 0, sms * 3 * 8);
+    cudaMemset(ns, 0, sms * 3 * 8);
     probe<V><<<sms, 128 * wgs, smem>>>(src, tiles, cyc, ns, sink);
-    cudaError_t e = cudaDeviceSynchronize();
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
     if (e != cudaSuccess) { printf("%s: %s\n", name, cudaGetErrorString(e)); exit(1); }
     cudaMemcpy(hc.data(), cyc, hc.size() * 8, cudaMemcpyDeviceToHost);
     cudaMemcpy(hn.data(), ns, hn.size() * 8, cudaMemcpyDeviceToHost);
@@ -205,7 +204,10 @@ void run(const char* name, const uint8_t* src, int wgs, int tiles, int sms, long
     std::vector<double> cpt, clk;
     for (int b = 0; b < sms; ++b) {
       long long c = 0, n = 0;
-      for (int g = 0; g < wgs; ++g) { if (hc[b * 3 + g] > c) { c = hc[b * 3 + g]; n = hn[b * 3 + g]; } }
+      for (int g = 0; g < wgs; ++g) {
+        if (hc[b * 3 + g] <= 0 || hn[b * 3 + g] <= 0) { printf("%s: SM %d warpgroup %d recorded nothing\n", name, b, g); exit(1); }
+        if (hc[b * 3 + g] > c) { c = hc[b * 3 + g]; n = hn[b * 3 + g]; }
+      }
       cpt.push_back(double(c) / (double(tiles) * wgs));
       clk.push_back(double(c) / double(n) * 1e3);
     }

@@ -142,9 +142,18 @@ def effective_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[s
     changes the tile shape or registers (``kernel``, ``promote``, ``chains``, ``fuse``,
     ``loop``, ``math_wgs``, ``maxnreg``, ``wregs``) without setting ``mma_ahead`` gets it off;
     one that changes a paged-kernel key (``_SMALL_KEYS``) without setting ``small`` gets no
-    small-work kernel (``small`` ``{}``)."""
+    small-work kernel (``small`` ``{}``). ``ws_stages``, also inside ``small``, is put in the
+    canonical form of :func:`_norm_ws_stages` (ValueError naming the tuning where it is not
+    valid for the spec)."""
     base, given = default_tuning(spec), tuning or {}
     tune = {**base, **given}
+    tune["ws_stages"] = _norm_ws_stages(spec, tune["ws_stages"])
+    small = tune.get("small")
+    if isinstance(small, dict) and "ws_stages" in small:
+        try:
+            tune["small"] = {**small, "ws_stages": _norm_ws_stages(spec, small["ws_stages"])}
+        except ValueError as e:
+            raise ValueError(f"tuning small={small!r}: {e}") from None
     if tune["math_wgs"] != base["math_wgs"] and "maxnreg" not in given:
         tune["maxnreg"] = 0
     if (tune["math_wgs"], tune["maxnreg"]) != (base["math_wgs"], base["maxnreg"]) and "wregs" not in given:
@@ -164,35 +173,50 @@ _AHEAD_DEPENDS = ("kernel", "promote", "chains", "fuse", "loop", "math_wgs", "ma
 
 def ws_stages(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> int:
     """Key tiles in flight per math warpgroup of ``paged_logits_ws`` at ``next_n``: the tuning's
-    ``ws_stages``, fewer where shared memory (227 KiB) is short; 0 where the kernel does not
-    apply (layout, tuning, or fewer than 2 stages fit)."""
+    ``ws_stages`` (an integer, or its entry for ``next_n``), fewer where shared memory (227 KiB)
+    is short; 0 where the kernel does not apply (layout, tuning, or fewer than 2 stages fit).
+    ValueError (from :func:`effective_tuning`) where ``ws_stages`` is not valid for the spec."""
     tune = effective_tuning(spec, tuning)
     if tune["kernel"] != "ws" or not uses_ws(spec):
         return 0
-    s = _stages_at(tune["ws_stages"], next_n)
+    v = tune["ws_stages"]
+    if isinstance(v, dict) and next_n not in v:
+        raise ValueError(f"tuning ws_stages={v!r}: no entry for next_n={next_n}")
+    s = v[next_n] if isinstance(v, dict) else v
     while s >= 2 and ws_smem_bytes(spec, next_n, int(tune["math_wgs"]), s) > MAX_SMEM_BYTES:
         s -= 1
     return s if s >= 2 else 0
 
 
-def _stages_at(v: Any, next_n: int) -> int:
-    """The tuning ``ws_stages`` at ``next_n``: an integer for every next_n, or a dict from next_n
-    (an int, or its digits as a JSON object key) to an integer. ValueError naming the tuning where
-    it is neither, or the dict has no entry for ``next_n``."""
-    if isinstance(v, dict):
-        by_nn = {}
-        for k, x in v.items():
-            try:
-                by_nn[int(k)] = x
-            except (TypeError, ValueError):
-                raise ValueError(f"tuning ws_stages={v!r}: keys must be next_n values") from None
-        if next_n not in by_nn:
-            raise ValueError(f"tuning ws_stages={v!r}: no entry for next_n={next_n}")
-        v = by_nn[next_n]
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 64:
-        raise ValueError(f"tuning ws_stages={v!r}: must be an integer from 0 to 64, or a dict from "
-                         f"next_n to one")
-    return v
+def _norm_ws_stages(spec: Spec, v: Any) -> int | dict[int, int]:
+    """The tuning ``ws_stages`` in canonical form: an integer from 0 to 64 for every next_n, or a
+    dict with one such integer for each next_n of the spec (keys: ints, or their decimal digits
+    as JSON object keys), given back as that integer where all entries are equal (so a dict that
+    spells out one count is that count) and otherwise with int keys in order. ValueError naming
+    the tuning where a count is not such an integer (bool, str and float included), a key is not
+    a next_n of the spec or appears twice, or a next_n of the spec has no entry."""
+    def count(x: Any) -> int:
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 64:
+            raise ValueError(f"tuning ws_stages={v!r}: a stage count must be an integer from 0 to 64 "
+                             f"(or a dict from next_n to one)")
+        return x
+    if not isinstance(v, dict):
+        return count(v)
+    by_nn: dict[int, int] = {}
+    for k, x in v.items():
+        ok = (isinstance(k, int) and not isinstance(k, bool)) or (isinstance(k, str) and k.isascii() and k.isdigit())
+        nn = int(k) if ok else None
+        if nn not in spec.next_n:
+            raise ValueError(f"tuning ws_stages={v!r}: keys must be next_n values of the spec "
+                             f"({spec.next_n}), got {k!r}")
+        if nn in by_nn:
+            raise ValueError(f"tuning ws_stages={v!r}: next_n={nn} given twice")
+        by_nn[nn] = count(x)
+    for nn in spec.next_n:
+        if nn not in by_nn:
+            raise ValueError(f"tuning ws_stages={v!r}: no entry for next_n={nn}")
+    counts = set(by_nn.values())
+    return counts.pop() if len(counts) == 1 else dict(sorted(by_nn.items()))
 
 
 def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> bool:

@@ -328,12 +328,21 @@ def test_ws_stages_per_next_n(shipped):
         assert "kWsStagesFor<1> = 3;" in src and "kWsStagesFor<2> = 4;" in src
     # the same kernels from int or string keys: one namespace
     assert namespace(fp8, {"ws_stages": {1: 3, 2: 4}}) == namespace(fp8, {"ws_stages": {"1": 3, "2": 4}})
+    # mixed int / string keys are one form too
+    assert namespace(fp8, {"ws_stages": {1: 3, "2": 4}}) == namespace(fp8, {"ws_stages": {1: 3, 2: 4}})
+    # a dict that spells out one count is that count: the defaults' namespace and small kernel
+    assert namespace(fp8, {"ws_stages": {"1": 3, "2": 3}}) == namespace(fp8)
+    assert small_tuning(fp8, {"ws_stages": {"1": 3, "2": 3}}) == small_tuning(fp8) is not None
     with pytest.raises(ValueError, match=r"ws_stages=.*no entry for next_n=2"):
-        ws_stages(fp8, 2, {"ws_stages": {"1": 3}})
-    with pytest.raises(ValueError, match=r"ws_stages=.*keys must be next_n values"):
-        ws_stages(fp8, 1, {"ws_stages": {"one": 3}})
-    with pytest.raises(ValueError, match=r"ws_stages=.*integer from 0 to 64"):
-        ws_stages(fp8, 1, {"ws_stages": {"1": "3"}})
+        ws_stages(fp8, 1, {"ws_stages": {"1": 3}})
+    for bad_key in ("one", " 1 ", "0_2", 1.7, True, 3):
+        with pytest.raises(ValueError, match=r"ws_stages=.*keys must be next_n values of the spec"):
+            ws_stages(fp8, 1, {"ws_stages": {bad_key: 3, 1: 3, 2: 4}})
+    with pytest.raises(ValueError, match=r"ws_stages=.*next_n=1 given twice"):
+        ws_stages(fp8, 1, {"ws_stages": {1: 3, "1": 4, 2: 4}})
+    for bad in ("3", 3.0, True, -1, 65, {"1": "3", "2": 4}, {"1": False, "2": 4}):
+        with pytest.raises(ValueError, match=r"ws_stages=.*integer from 0 to 64"):
+            ws_stages(fp8, 1, {"ws_stages": bad})
     with pytest.raises(ValueError, match=r"small=.*no entry for next_n=2"):
         small_tuning(fp8, {"small": {"maxnreg": 232, "math_wgs": 2, "ws_stages": {"1": 3}}})
 
