@@ -1,7 +1,7 @@
 // WGMMA throughput probe (development script, not part of the dsagen build; `nvcc -std=c++17 -O3
 // --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I CUTE_INCLUDE
 // benchmarks/wgmma_probe.cu`, then run it on an sm_90 GPU; results in benchmarks/RESULTS.md,
-// twenty-second session).
+// twenty-second and twenty-third sessions).
 // Each CTA (one per SM) runs W warpgroups, each on its own 8 KB key tile and a shared 16 KB q in
 // shared memory (random finite e4m3 bytes); each warpgroup issues `tiles` chains of one tile's
 // WGMMA instructions (fp8 e4m3, fp32 accumulators) and waits for each chain before the next, as
@@ -22,13 +22,19 @@
 //       at most 2 warpgroups, 255 registers). ptxas schedules it its own way: it interleaves the
 //       previous epilogue with the chain's instructions and inserts a wait for all chains
 //       (C7517) inside the second epilogue, so V6 is this compiler's schedule, not a bound.
+//   V7 / V8 (twenty-third session): the epilogue as one FFMA with |x| per accumulator, the linear
+//       half of relu (q_w . k, q_w = sum_h w_h q_h) coming from 8 extra B rows: V7 as a second
+//       chain of m64n8k32 x 4 from its own 1 KB, V8 as one chain of m64n136k32 x 4 (the 128 q
+//       rows and the 8 extra ones). The rows hold the probe's random bytes, not q_w's parts.
 #include <cstdio>
 #include <cstdint>
 #include <vector>
 #include <algorithm>
+#include <utility>
 #include <cstdlib>
 #include <cuda_runtime.h>
 #include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90_gmma_ext.hpp>
 #include <cute/arch/mma_sm90_desc.hpp>
 using namespace cute::SM90::GMMA;
 
@@ -50,6 +56,49 @@ __device__ __forceinline__ void fence64(float (&a)[64]) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(a[i]);
 }
+// an MMA atom's fma on an accumulator array (the atom's float& operands expanded from d)
+template <class MMA, int N, size_t... I>
+__device__ __forceinline__ void fma_arr(uint64_t a, uint64_t b, float (&d)[N], ScaleOut sc, std::index_sequence<I...>) {
+  MMA::fma(a, b, d[I]..., sc);
+}
+template <class MMA, int N>
+__device__ __forceinline__ void chain4(uint64_t dk, uint64_t dq, float (&d)[N]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) fma_arr<MMA>(dadd(dk, 32 * k), dadd(dq, 32 * k), d, k ? ScaleOut::One : ScaleOut::Zero,
+                                          std::make_index_sequence<N>{});
+}
+// V7 / V8's next_n 2 epilogue: relu(x) = (x + |x|) / 2, so 2 sum_h w_h relu(x_h) = sum_h w_h |x_h| +
+// q_w . k with q_w = sum_h w_h q_h: one FFMA with |x| per accumulator, the partial sums started
+// from the linear part e (the extra columns: this lane's 2 of 8, position quad >> 1, parts
+// 2 (quad & 1) + {0, 1}) times the per-lane part scales spA (position 0; 0 on the lanes of
+// position 1) and spB; then as epilogue()
+__device__ __forceinline__ void epilogue_abs(const float* a, const float* e, const float (&wr)[32], float& total,
+                                             float sc, const float (&spA)[2], const float (&spB)[2]) {
+  float s[8];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    s[c] = e[c] * spA[c & 1];
+    s[4 + c] = e[c] * spB[c & 1];
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float& t = s[(j / 8) * 4 + c];
+      t = fmaf(fabsf(a[4 * j + c]), wr[2 * j + (c & 1)], t);
+    }
+  float v[4] = {s[0] + s[1], s[2] + s[3], s[4] + s[5], s[6] + s[7]};
+  const int lane = threadIdx.x & 31;
+  const bool hi = lane & 1;
+  float k0 = hi ? v[2] : v[0], k1 = hi ? v[3] : v[1], o0 = hi ? v[0] : v[2], o1 = hi ? v[1] : v[3];
+  k0 += __shfl_xor_sync(0xffffffffu, o0, 1);
+  k1 += __shfl_xor_sync(0xffffffffu, o1, 1);
+  const bool hi2 = lane & 2;
+  float k = hi2 ? k1 : k0, o = hi2 ? k0 : k1;
+  k += __shfl_xor_sync(0xffffffffu, o, 2);
+  total += k * sc;
+}
+
 // the kernel's next_n 2 epilogue, in form: relu * w as (x + |x|) * w/2 into 8 partial sums (2
 // positions x keys r0, r0 + 8 x 2 head parities), 2 sums per position, the quad's transposed
 // reduction (3 shuffles), times the key scale, summed into `total` instead of stored
@@ -98,8 +147,8 @@ __device__ __forceinline__ void chain_then_epilogue(uint64_t dk, uint64_t dq, fl
 template <int V>
 __global__ void __launch_bounds__(V == 6 ? 256 : 384, 1) probe(const uint8_t* src, int tiles, long long* cyc, long long* ns, float* sink) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  // 3 x 8 KB key tiles (one per warpgroup) + 16 KB q
-  for (int i = threadIdx.x; i < 40 * 1024 / 16; i += blockDim.x)
+  // 3 x 8 KB key tiles (one per warpgroup) + 16 KB q + V7 / V8's 1 KB of 8 extra B rows (and 7 KB more)
+  for (int i = threadIdx.x; i < 48 * 1024 / 16; i += blockDim.x)
     reinterpret_cast<uint4*>(smem)[i] = reinterpret_cast<const uint4*>(src)[(blockIdx.x * 97 + i) % (1 << 16)];
   __syncthreads();
   const int wg = threadIdx.x / 128;
@@ -116,6 +165,18 @@ __global__ void __launch_bounds__(V == 6 ? 256 : 384, 1) probe(const uint8_t* sr
 #pragma unroll
   for (int i = 0; i < 32; ++i) a[i] = reinterpret_cast<const uint32_t*>(smem)[(threadIdx.x * 33 + i * 7) % 10240];
   const uint64_t dk = desc(keys), dq = desc(q), dq2 = desc(q + 8192);
+  // V7's 8 extra B rows (1 KB after q); V8's 136 rows start at q (rows 128-135 are those)
+  const uint64_t dx = desc(q + 16384);
+  float ex[4] = {0.f, 0.f, 0.f, 0.f}, d8[68];
+#pragma unroll
+  for (int i = 0; i < 68; ++i) d8[i] = 0.f;
+  const bool pos1 = (threadIdx.x & 2) != 0;
+  float spA[2], spB[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    spA[i] = pos1 ? 0.f : 1.0f + i * 1e-3f;
+    spB[i] = pos1 ? 1.0f + i * 1e-3f : 0.f;
+  }
   long long c0 = clock64(), t0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
 #pragma unroll 1
@@ -167,6 +228,30 @@ __global__ void __launch_bounds__(V == 6 ? 256 : 384, 1) probe(const uint8_t* sr
       chain_then_epilogue<1>(dk, dq, d2, d, wr, total, sc);
       ++t;
     }
+    if constexpr (V == 7) {
+      // V0's chain plus a second chain of 8 extra B rows (the linear part's q_w, in parts) from
+      // its own 1 KB, then the |x| epilogue
+      chain4<MMA_64x128x32_F32E4M3E4M3_SS_TN<>>(dk, dq, d);
+      chain4<MMA_64x8x32_F32E4M3E4M3_SS_TN<>>(dk, dx, ex);
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+      fence64(d);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(ex[i]);
+      epilogue_abs(d, ex, wr, total, sc, spA, spB);
+      fence64(d);
+    }
+    if constexpr (V == 8) {
+      // one chain of 136 B rows (the 128 q rows and the 8 extra ones), then the |x| epilogue
+      chain4<MMA_64x136x32_F32E4M3E4M3_SS_TN<>>(dk, dq, d8);
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 68; ++i) cute::warpgroup_fence_operand(d8[i]);
+      epilogue_abs(d8, d8 + 64, wr, total, sc, spA, spB);
+#pragma unroll
+      for (int i = 0; i < 68; ++i) cute::warpgroup_fence_operand(d8[i]);
+    }
     if constexpr (V < 5) {
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
@@ -177,6 +262,10 @@ __global__ void __launch_bounds__(V == 6 ? 256 : 384, 1) probe(const uint8_t* sr
   float s = total;
 #pragma unroll
   for (int i = 0; i < 64; ++i) s += d[i] + d2[i];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) s += ex[i];
+#pragma unroll
+  for (int i = 0; i < 68; ++i) s += d8[i];
   sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
   if (threadIdx.x % 128 == 0) {
     cyc[blockIdx.x * 3 + wg] = c1 - c0;
@@ -239,6 +328,8 @@ int main() {
     run<4>("V4 nn1 q-A regs, keys-B: m64n64k32 x4", src, wgs, tiles, sms, cyc, ns, sink);
     run<5>("V5 nn2 V0 + epilogue", src, wgs, tiles, sms, cyc, ns, sink);
     if (run6) run<6>("V6 nn2 V0 + epilogue, next chain ahead", src, wgs, tiles, sms, cyc, ns, sink);
+    run<7>("V7 nn2 V0 + n8 chain + |x| epilogue", src, wgs, tiles, sms, cyc, ns, sink);
+    run<8>("V8 nn2 n136 chain + |x| epilogue", src, wgs, tiles, sms, cyc, ns, sink);
   }
   return 0;
 }
