@@ -9,7 +9,8 @@ points record %globaltimer and %smid per CTA; the dsagen build never sets it) an
 nvcc flags, and runs it per shape: CUDA-event time of a spin-hidden launch, then per mark the
 min / median / max over CTAs of the time since the earliest CTA start, the SM clock while the
 CTAs run (%clock64 over %globaltimer), the event time of the same launches back to back, and
-whether the same SMs finish late in every run (env TIMELINE_REPS: runs per shape, default 30, at least 2). The build
+whether the same SMs finish late in every run (env TIMELINE_REPS: runs per shape, default 30, at least 2;
+env TIMELINE_NVCC_FLAGS: more nvcc flags, e.g. a probe's -D switch). The build
 directory is printed and kept. A development probe (sm_90a, specs with the ws kernel), not a
 test.
 """
@@ -41,6 +42,7 @@ def build(spec, tuning: dict) -> Path:
     cmd = [jit.find_nvcc() or "nvcc", *jit.NVCC_STD, *jit.NVCC_FLAGS, jit.ARCH_GENCODE["sm_90a"],
            *jit.extra_nvcc_flags(), "-DDSAGEN_TIMELINE", f"-DDSAGEN_NS={codegen.namespace(spec, tuning)}",
            *(["-DDSAGEN_HAS_SMALL"] if has_small else []), f"-I{out}", f"-I{jit.cutlass_include_dir()}",
+           *os.environ.get("TIMELINE_NVCC_FLAGS", "").split(),
            str(Path(__file__).with_name("timeline.cu")), "-o", str(exe)]
     print("build in", out, flush=True)
     subprocess.run(cmd, check=True)
