@@ -67,6 +67,23 @@ __device__ __forceinline__ void chain4(uint64_t dk, uint64_t dq, float (&d)[N]) 
   for (int k = 0; k < 4; ++k) fma_arr<MMA>(dadd(dk, 32 * k), dadd(dq, 32 * k), d, k ? ScaleOut::One : ScaleOut::Zero,
                                           std::make_index_sequence<N>{});
 }
+// The end of both epilogues: the 8 partial sums (2 positions x keys r0, r0 + 8 x 2 head
+// parities) as 2 sums per position, the quad's transposed reduction (3 shuffles: lanes with bit
+// 0 keep v[2..3] and send v[0..1], then bit 1 likewise), times the key scale, into `total`
+__device__ __forceinline__ void quad_total(const float (&s)[8], float& total, float sc) {
+  float v[4] = {s[0] + s[1], s[2] + s[3], s[4] + s[5], s[6] + s[7]};
+  const int lane = threadIdx.x & 31;
+  // step 1: lanes with bit 0 keep v[2..3], send v[0..1]
+  const bool hi = lane & 1;
+  float k0 = hi ? v[2] : v[0], k1 = hi ? v[3] : v[1], o0 = hi ? v[0] : v[2], o1 = hi ? v[1] : v[3];
+  k0 += __shfl_xor_sync(0xffffffffu, o0, 1);
+  k1 += __shfl_xor_sync(0xffffffffu, o1, 1);
+  const bool hi2 = lane & 2;
+  float k = hi2 ? k1 : k0, o = hi2 ? k0 : k1;
+  k += __shfl_xor_sync(0xffffffffu, o, 2);
+  total += k * sc;
+}
+
 // V7 / V8's next_n 2 epilogue: relu(x) = (x + |x|) / 2, so 2 sum_h w_h relu(x_h) = sum_h w_h |x_h| +
 // q_w . k with q_w = sum_h w_h q_h: one FFMA with |x| per accumulator, the partial sums started
 // from the linear part e (the extra columns: this lane's 2 of 8, position quad >> 1, parts
@@ -87,16 +104,7 @@ __device__ __forceinline__ void epilogue_abs(const float* a, const float* e, con
       float& t = s[(j / 8) * 4 + c];
       t = fmaf(fabsf(a[4 * j + c]), wr[2 * j + (c & 1)], t);
     }
-  float v[4] = {s[0] + s[1], s[2] + s[3], s[4] + s[5], s[6] + s[7]};
-  const int lane = threadIdx.x & 31;
-  const bool hi = lane & 1;
-  float k0 = hi ? v[2] : v[0], k1 = hi ? v[3] : v[1], o0 = hi ? v[0] : v[2], o1 = hi ? v[1] : v[3];
-  k0 += __shfl_xor_sync(0xffffffffu, o0, 1);
-  k1 += __shfl_xor_sync(0xffffffffu, o1, 1);
-  const bool hi2 = lane & 2;
-  float k = hi2 ? k1 : k0, o = hi2 ? k0 : k1;
-  k += __shfl_xor_sync(0xffffffffu, o, 2);
-  total += k * sc;
+  quad_total(s, total, sc);
 }
 
 // the kernel's next_n 2 epilogue, in form: relu * w as (x + |x|) * w/2 into 8 partial sums (2
@@ -113,17 +121,7 @@ __device__ __forceinline__ void epilogue(float (&a)[64], const float (&wr)[32], 
       float& t = s[(j / 8) * 4 + c];
       t = fmaf(a[4 * j + c] + fabsf(a[4 * j + c]), wr[2 * j + (c & 1)], t);
     }
-  float v[4] = {s[0] + s[1], s[2] + s[3], s[4] + s[5], s[6] + s[7]};
-  const int lane = threadIdx.x & 31;
-  // step 1: lanes with bit 0 keep v[2..3], send v[0..1]
-  const bool hi = lane & 1;
-  float k0 = hi ? v[2] : v[0], k1 = hi ? v[3] : v[1], o0 = hi ? v[0] : v[2], o1 = hi ? v[1] : v[3];
-  k0 += __shfl_xor_sync(0xffffffffu, o0, 1);
-  k1 += __shfl_xor_sync(0xffffffffu, o1, 1);
-  const bool hi2 = lane & 2;
-  float k = hi2 ? k1 : k0, o = hi2 ? k0 : k1;
-  k += __shfl_xor_sync(0xffffffffu, o, 2);
-  total += k * sc;
+  quad_total(s, total, sc);
 }
 
 // A next_n 2 tile's chain into acc (scale-d 0 at the first K step; the caller's warpgroup_arrive
