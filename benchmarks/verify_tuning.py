@@ -24,4 +24,6 @@ def main(path, tunings):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
     sys.exit(0 if main(sys.argv[1], sys.argv[2:]) else 1)

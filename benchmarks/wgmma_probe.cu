@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(V == 6 ? 256 : 384, 1) probe(const uint8_t* sr
 #pragma unroll
   for (int i = 0; i < 32; ++i) a[i] = reinterpret_cast<const uint32_t*>(smem)[(threadIdx.x * 33 + i * 7) % 10240];
   const uint64_t dk = desc(keys), dq = desc(q), dq2 = desc(q + 8192);
-  // V7's 8 extra B rows (1 KB after q); V8's 136 rows start at q (rows 128-135 are those)
+  // V7's 8 extra B rows (the 1 KB right after q's 16 KB); V8's 136 rows start at q (rows 128-135 are those)
   const uint64_t dx = desc(q + 16384);
   float ex[4] = {0.f, 0.f, 0.f, 0.f}, d8[68];
 #pragma unroll
