@@ -1097,7 +1097,6 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     sh1 = __ldg(reinterpret_cast<const int4*>(row) + 1);
     if (warp < kMathWGs) sched_win = __ldg(row + 8 + warp * 32 + lane);
   }
-  const bool have_sched = SCHED && sh1.y == sched_tag<NEXT_N>(ctx_2d) && sh1.z == batch && sh1.w == max_len;
   if (tid == 0) {
     for (int i = 0; i < kTiles; ++i) {
       mbar_init(full + i, 1);
@@ -1112,6 +1111,10 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&kv_map)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&q_map)) : "memory");
   }
+  // the schedule row's tag is tested only here, after the barriers and the tensor-map prefetches,
+  // so that thread 0 does not wait for the row before them (H200, from a schedule: 0.1 us earlier
+  // first keys, B=16 / 32 ctx 8192 0.6-1.3 % faster; benchmarks/RESULTS.md, twenty-fourth session)
+  const bool have_sched = SCHED && sh1.y == sched_tag<NEXT_N>(ctx_2d) && sh1.z == batch && sh1.w == max_len;
   if (!have_sched && warp == kMathWGs && batch > 0) {
     // while the schedule reads context_lens: bring into L2 the block-table row of the request
     // this CTA starts in when the lengths are equal (its first page reads then hit L2; a wrong
