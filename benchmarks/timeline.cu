@@ -7,7 +7,8 @@
 //   9 every warp's context_lens read back (after the schedule's first block barrier), 10 the
 //   CTA's share of the units known; 11 producer warp 0 past its setmaxnreg, 12 its q TMA issued,
 //   13 its first page known (the block-table entry of its first tile), 14 math warpgroup 0 past
-//   its setmaxnreg, 15 its first q arrived.
+//   its setmaxnreg, 15 its first q arrived; 16 producer warp 1's first page known, 17 its first
+//   TMA issued, 18 the last producer warp's first TMA issued.
 //   (Mark 4 is only recorded by the plain tile loop: not with tuning `mma_ahead`, the default of
 //   the 3-warpgroup fp8 kernel at next_n 1 and of the 16-bit keys' kernel.)
 // Usage: timeline B CTX NEXT_N [REPS] (env TIMELINE_SCHED=1: from precomputed schedules; marks 9
@@ -27,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -111,7 +113,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 3 * kSets; ++i) launch(sets[i % kSets]);
   CHECK(cudaStreamSynchronize(st));
 
-  constexpr int kMarks = 16, kStride = 16, kMaxCtas = 1024, kMaxSms = 1024;
+  constexpr int kMarks = 19, kStride = 32, kUnits = 19, kMaxCtas = 1024, kMaxSms = 1024;
   std::vector<unsigned long long> zero(kMaxCtas * kStride, 0ull), tl(kMaxCtas * kStride);
   static_assert(sizeof(ns::dsagen_timeline) == kMaxCtas * kStride * 8, "the template's timeline array changed");
   std::vector<double> sm_sum[2], sm_n[2];          // per SM: normalized finish, even / odd runs
@@ -120,6 +122,8 @@ int main(int argc, char** argv) {
   std::vector<double> mhz;                         // per run: median over CTAs of the SM clock
   std::vector<unsigned long long> clk(kMaxCtas * kStride);
   std::vector<std::vector<double>> mn(kMarks), md(kMarks), mx(kMarks);
+  std::map<unsigned long long, std::vector<double>> unit_md, unit_mx;   // by the CTA's units
+  std::map<unsigned long long, size_t> unit_n;
   std::vector<double> res;
   const char* which = "main";
   // this run's marks and clocks of the main kernel, or of the small-work kernel
@@ -207,6 +211,19 @@ int main(int argc, char** argv) {
       const int sm = int(tl[c * kStride + 8]);
       if (f != 0 && sm < kMaxSms) fin.push_back({sm, double(f - t0)});
     }
+    {  // the finish (us after the first CTA start) by the CTA's number of units
+      std::map<unsigned long long, std::vector<double>> by;
+      for (int c = 0; c < ctas; ++c) {
+        const unsigned long long f = tl[c * kStride + 6] ? tl[c * kStride + 6] : tl[c * kStride + 5];
+        if (f != 0) by[tl[c * kStride + kUnits]].push_back(double(f - t0) / 1000.0);
+      }
+      for (auto& [u, v] : by) {
+        std::sort(v.begin(), v.end());
+        unit_n[u] = v.size();
+        unit_md[u].push_back(v[v.size() / 2]);
+        unit_mx[u].push_back(v.back());
+      }
+    }
     if (!fin.empty()) {
       std::vector<double> f;
       for (auto& p : fin) f.push_back(p.second);
@@ -227,11 +244,15 @@ int main(int argc, char** argv) {
   const char* names[kMarks] = {"CTA start", "schedule known", "first TMA issued", "first keys arrived",
                                "first tile done", "WG0 last tile done", "last WG done", "last TMA issued",
                                "(SM id)", "context_lens back", "CTA's share known", "producer regs set",
-                               "q TMA issued", "first page known", "math regs set", "q arrived"};
+                               "q TMA issued", "first page known", "math regs set", "q arrived",
+                               "w1 first page known", "w1 first TMA", "last producer's TMA"};
   printf("%-20s %8s %8s %8s   (us after the earliest CTA start; medians over runs)\n", "mark", "min", "median",
          "max");
-  for (int m : {0, 9, 10, 1, 11, 14, 12, 13, 2, 15, 3, 4, 5, 6, 7})        // in the order they happen
+  for (int m : {0, 9, 10, 1, 11, 14, 12, 13, 2, 16, 17, 18, 15, 3, 4, 5, 6, 7})        // in the order they happen
     if (!md[m].empty()) printf("%-20s %8.2f %8.2f %8.2f\n", names[m], med(mn[m]), med(md[m]), med(mx[m]));
+  for (auto& [u, v] : unit_md)
+    printf("CTAs with %llu units: %zu, last WG done median %.2f max %.2f us (medians over runs)\n", u, unit_n[u], med(v),
+           med(unit_mx[u]));
   // does an SM's finish repeat? (correlation over SMs seen in both halves)
   std::vector<std::pair<double, int>> both;
   std::vector<double> a, b;

@@ -481,6 +481,10 @@ class CudaTimer:
 # device facts and the copy bandwidth
 # --------------------------------------------------------------------------------------------
 def _git_commit() -> str | None:
+    # DSAGEN_BENCH_GIT names the commit where the tree was copied without its current .git (the
+    # project's device runs copy the working tree; their .git can be an older one)
+    if os.environ.get("DSAGEN_BENCH_GIT"):
+        return os.environ["DSAGEN_BENCH_GIT"] + " (DSAGEN_BENCH_GIT)"
     try:
         root = Path(__file__).resolve().parent.parent
         r = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],

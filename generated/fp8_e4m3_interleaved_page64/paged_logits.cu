@@ -37,20 +37,23 @@ constexpr int kRowBytes = kKeyBytes;        // bytes of one key row (and one q r
 constexpr int kTile = 64;                   // keys per tile (WGMMA M)
 #define kNegInf __int_as_float(0xff800000)
 // benchmarks/timeline.py only (never defined by the dsagen build): with -DDSAGEN_TIMELINE the
-// warp-specialized kernel records %globaltimer (ns) at 15 points per CTA into dsagen_timeline
-// (DSAGEN_MARK(i, cond): the thread where cond holds writes slot i of its CTA's 16: marks 0-7,
-// 9-15; mark 0 also its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing), and
+// warp-specialized kernel records %globaltimer (ns) at 18 points per CTA into dsagen_timeline
+// (DSAGEN_MARK(i, cond): the thread where cond holds writes slot i of its CTA's 32: marks 0-7,
+// 9-18; mark 0 also its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing), and
 // the SM's %clock64 at the same points into dsagen_timeline_clk (cycles between two marks of a
 // CTA over their ns: its SM clock); otherwise the marks compile to nothing.
 #ifdef DSAGEN_TIMELINE
-__device__ unsigned long long dsagen_timeline[1024 * 16];
-__device__ unsigned long long dsagen_timeline_clk[1024 * 16];
+__device__ unsigned long long dsagen_timeline[1024 * 32];
+__device__ unsigned long long dsagen_timeline_clk[1024 * 32];
 #define DSAGEN_MARK(i, cond) do { if (blockIdx.x < 1024 && (cond)) { unsigned long long t_, c_; unsigned s_; \
   asm volatile("mov.u64 %0, %%globaltimer;\n mov.u64 %1, %%clock64;\n mov.u32 %2, %%smid;" : "=l"(t_), "=l"(c_), "=r"(s_)); \
-  dsagen_timeline[blockIdx.x * 16 + (i)] = t_; dsagen_timeline_clk[blockIdx.x * 16 + (i)] = c_; \
-  if ((i) == 0) dsagen_timeline[blockIdx.x * 16 + 8] = s_; } } while (0)
+  dsagen_timeline[blockIdx.x * 32 + (i)] = t_; dsagen_timeline_clk[blockIdx.x * 32 + (i)] = c_; \
+  if ((i) == 0) dsagen_timeline[blockIdx.x * 32 + 8] = s_; } } while (0)
+// DSAGEN_NOTE(i, cond, v): a value instead of a time (slot 19: the CTA's units, hi - lo)
+#define DSAGEN_NOTE(i, cond, v) do { if (blockIdx.x < 1024 && (cond)) dsagen_timeline[blockIdx.x * 32 + (i)] = (v); } while (0)
 #else
 #define DSAGEN_MARK(i, cond) do { } while (0)
+#define DSAGEN_NOTE(i, cond, v) do { } while (0)
 #endif
 // Per-device, per-instantiation launch configuration (the shared-memory opt-in is per device).
 constexpr int kMaxDevices = 64;
