@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 3 * kSets; ++i) launch(sets[i % kSets]);
   CHECK(cudaStreamSynchronize(st));
 
-  constexpr int kMarks = 19, kStride = 32, kUnits = 19, kMaxCtas = 1024, kMaxSms = 1024;
+  constexpr int kMarks = 22, kStride = 32, kUnits = 19, kMaxCtas = 1024, kMaxSms = 1024;
   std::vector<unsigned long long> zero(kMaxCtas * kStride, 0ull), tl(kMaxCtas * kStride);
   static_assert(sizeof(ns::dsagen_timeline) == kMaxCtas * kStride * 8, "the template's timeline array changed");
   std::vector<double> sm_sum[2], sm_n[2];          // per SM: normalized finish, even / odd runs
@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
                ctas, step);
     }
     for (int m = 0; m < kMarks; ++m) {
-      if (m == 8) continue;                        // slot 8: the SM id
+      if (m == 8 || m == kUnits) continue;         // slot 8: the SM id; kUnits: the CTA's units
       std::vector<double> v;
       for (int c = 0; c < ctas; ++c)
         if (tl[c * kStride + m] != 0) v.push_back(double(tl[c * kStride + m] - t0) / 1000.0);
@@ -245,10 +245,11 @@ int main(int argc, char** argv) {
                                "first tile done", "WG0 last tile done", "last WG done", "last TMA issued",
                                "(SM id)", "context_lens back", "CTA's share known", "producer regs set",
                                "q TMA issued", "first page known", "math regs set", "q arrived",
-                               "w1 first page known", "w1 first TMA", "last producer's TMA"};
+                               "w1 first page known", "w1 first TMA", "last producer's TMA", "(units)",
+                               "w1 expect_tx done", "w1 key TMA issued"};
   printf("%-20s %8s %8s %8s   (us after the earliest CTA start; medians over runs)\n", "mark", "min", "median",
          "max");
-  for (int m : {0, 9, 10, 1, 11, 14, 12, 13, 2, 16, 17, 18, 15, 3, 4, 5, 6, 7})        // in the order they happen
+  for (int m : {0, 9, 10, 1, 11, 14, 12, 13, 2, 16, 20, 21, 17, 18, 15, 3, 4, 5, 6, 7})        // in the order they happen
     if (!md[m].empty()) printf("%-20s %8.2f %8.2f %8.2f\n", names[m], med(mn[m]), med(md[m]), med(mx[m]));
   for (auto& [u, v] : unit_md)
     printf("CTAs with %llu units: %zu, last WG done median %.2f max %.2f us (medians over runs)\n", u, unit_n[u], med(v),

@@ -37,9 +37,9 @@ constexpr int kRowBytes = kKeyBytes;        // bytes of one key row (and one q r
 constexpr int kTile = 64;                   // keys per tile (WGMMA M)
 #define kNegInf __int_as_float(0xff800000)
 // benchmarks/timeline.py only (never defined by the dsagen build): with -DDSAGEN_TIMELINE the
-// warp-specialized kernel records %globaltimer (ns) at 18 points per CTA into dsagen_timeline
+// warp-specialized kernel records %globaltimer (ns) at 20 points per CTA into dsagen_timeline
 // (DSAGEN_MARK(i, cond): the thread where cond holds writes slot i of its CTA's 32: marks 0-7,
-// 9-18; mark 0 also its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing), and
+// 9-18, 20-21; mark 0 also its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing), and
 // the SM's %clock64 at the same points into dsagen_timeline_clk (cycles between two marks of a
 // CTA over their ns: its SM clock); otherwise the marks compile to nothing.
 #ifdef DSAGEN_TIMELINE

@@ -41,9 +41,9 @@ constexpr int kRowBytes = kKeyBytes;        // bytes of one key row (and one q r
 constexpr int kTile = 64;                   // keys per tile (WGMMA M)
 #define kNegInf __int_as_float(0xff800000)
 // benchmarks/timeline.py only (never defined by the dsagen build): with -DDSAGEN_TIMELINE the
-// warp-specialized kernel records %globaltimer (ns) at 18 points per CTA into dsagen_timeline
+// warp-specialized kernel records %globaltimer (ns) at 20 points per CTA into dsagen_timeline
 // (DSAGEN_MARK(i, cond): the thread where cond holds writes slot i of its CTA's 32: marks 0-7,
-// 9-18; mark 0 also its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing), and
+// 9-18, 20-21; mark 0 also its SM's id, %smid, into slot 8; CTAs past the first 1024 record nothing), and
 // the SM's %clock64 at the same points into dsagen_timeline_clk (cycles between two marks of a
 // CTA over their ns: its SM clock); otherwise the marks compile to nothing.
 #ifdef DSAGEN_TIMELINE
@@ -1148,10 +1148,12 @@ paged_logits_ws(const __grid_constant__ CUtensorMap kv_map, const __grid_constan
           if (use >= 1) mbar_wait(empty + t, (use - 1) & 1);
           if (lane == 0) {
             mbar_expect_tx(full + t, kTileBytes + kScaleTileBytes);
+            DSAGEN_MARK(20, w == 1 && stage == 0 && use == 0);               // (timeline: warp 1's expect_tx done)
             uint8_t* dst = sk + t * kTileBytes;
 #pragma unroll
             for (int kc = 0; kc < kRowBytes / 128; ++kc)
               tma_load_3d<HINT>(dst + kc * kTile * 128, &kv_map, full + t, kc * 128, tile * kTile % kPageSize, page, kv_policy);
+            DSAGEN_MARK(21, w == 1 && stage == 0 && use == 0);               // (timeline: warp 1's key TMA issued)
             if (kQuantized)
               bulk_load<HINT>(sscale + t * kTile,
                         kv_cache + int64_t(page) * kPageStride + kScaleBase + (tile * kTile % kPageSize) * 4,
