@@ -253,3 +253,13 @@ def test_table_formatting():
 def test_run_needs_cuda():
     with pytest.raises(RuntimeError, match="dsagen bench needs a CUDA device"):
         Bn.run([FP8], quick=True)
+
+
+def test_git_commit_override(monkeypatch):
+    """DSAGEN_BENCH_GIT names the commit of a tree copied without its .git; unset, the field is
+    the checkout's HEAD (or None outside a git checkout)."""
+    monkeypatch.setenv("DSAGEN_BENCH_GIT", "abc1234")
+    assert Bn._git_commit() == "abc1234 (DSAGEN_BENCH_GIT)"
+    monkeypatch.delenv("DSAGEN_BENCH_GIT")
+    got = Bn._git_commit()
+    assert got is None or "DSAGEN_BENCH_GIT" not in got
