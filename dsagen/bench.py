@@ -37,7 +37,6 @@ import datetime as _dt
 import gc
 import math
 import json
-import os
 import platform
 import statistics
 import subprocess
@@ -49,7 +48,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from . import __version__
+from . import __version__, config
 from . import reference as R
 from .spec import Spec
 
@@ -483,8 +482,8 @@ class CudaTimer:
 def _git_commit() -> str | None:
     # DSAGEN_BENCH_GIT names the commit where the tree was copied without its current .git (the
     # project's device runs copy the working tree; their .git can be an older one)
-    if os.environ.get("DSAGEN_BENCH_GIT"):
-        return os.environ["DSAGEN_BENCH_GIT"] + " (DSAGEN_BENCH_GIT)"
+    if config.bench_git():
+        return config.bench_git() + " (DSAGEN_BENCH_GIT)"
     try:
         root = Path(__file__).resolve().parent.parent
         r = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
@@ -1023,7 +1022,7 @@ def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | No
     def log(s: str) -> None:
         print(s, flush=True)
 
-    method = method or os.environ.get("DSAGEN_BENCH_METHOD", "spin")
+    method = method or config.bench_method()
     runs = max(50, runs or (50 if quick else 100))
     meta = device_meta()
     log(f"dsagen bench {__version__} ({meta['git'] or 'no git'})  {meta['date']}")
@@ -1062,7 +1061,7 @@ def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | No
             row = bench.bench(ops, spec, shape)
             rows.append(row)
             log(format_row(row))
-            partial = os.environ.get("DSAGEN_BENCH_PARTIAL")
+            partial = config.bench_partial()
             if partial:   # rows so far, for runs that may be cut short
                 with open(partial, "w") as f:
                     json.dump(rows, f, indent=1)

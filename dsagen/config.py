@@ -12,6 +12,9 @@
 | ``DSAGEN_NVCC_FLAGS`` | none | extra nvcc flags |
 | ``DSAGEN_MAX_JOBS`` | ninja's default | parallel compile jobs of one build (``MAX_JOBS`` for torch) |
 | ``DSAGEN_DISABLE_JIT`` | off | never compile: a variant missing from the cache is an error |
+| ``DSAGEN_BENCH_METHOD`` | ``spin`` | ``dsagen bench``'s timing: ``spin`` (launch hidden behind a GPU spin) or ``graph`` |
+| ``DSAGEN_BENCH_PARTIAL`` | none | a JSON file that ``dsagen bench`` rewrites with the rows so far after each row |
+| ``DSAGEN_BENCH_GIT`` | the checkout's ``git rev-parse`` | the bench rows' ``git`` field, for a tree copied without its ``.git`` |
 
 Flags, debug options and the arch list are part of the cache key.
 """
@@ -22,7 +25,8 @@ from pathlib import Path
 
 ENV_VARS = ("DSAGEN_CACHE_DIR", "DSAGEN_LOCK_DIR", "DSAGEN_LOCK_TIMEOUT", "DSAGEN_ARCH_LIST",
             "DSAGEN_JIT_VERBOSE", "DSAGEN_JIT_DEBUG", "DSAGEN_JIT_LINEINFO", "DSAGEN_NVCC_FLAGS",
-            "DSAGEN_MAX_JOBS", "DSAGEN_DISABLE_JIT")
+            "DSAGEN_MAX_JOBS", "DSAGEN_DISABLE_JIT", "DSAGEN_BENCH_METHOD", "DSAGEN_BENCH_PARTIAL",
+            "DSAGEN_BENCH_GIT")
 
 
 def _flag(name: str) -> bool:
@@ -79,3 +83,19 @@ def jit_disabled() -> bool:
 def settings() -> dict[str, str]:
     """The ``DSAGEN_*`` variables that are set, for reports."""
     return {k: os.environ[k] for k in ENV_VARS if k in os.environ}
+
+
+def bench_method() -> str:
+    """``dsagen bench``'s default timing method (``DSAGEN_BENCH_METHOD``, default ``"spin"``)."""
+    return os.environ.get("DSAGEN_BENCH_METHOD", "spin")
+
+
+def bench_partial() -> str | None:
+    """The file ``dsagen bench`` rewrites with its rows so far (``DSAGEN_BENCH_PARTIAL``), or None."""
+    return os.environ.get("DSAGEN_BENCH_PARTIAL") or None
+
+
+def bench_git() -> str | None:
+    """The commit the bench rows name where the tree was copied without its ``.git``
+    (``DSAGEN_BENCH_GIT``), or None."""
+    return os.environ.get("DSAGEN_BENCH_GIT") or None
