@@ -8,7 +8,10 @@
 //   CTA's share of the units known; 11 producer warp 0 past its setmaxnreg, 12 its q TMA issued,
 //   13 its first page known (the block-table entry of its first tile), 14 math warpgroup 0 past
 //   its setmaxnreg, 15 its first q arrived; 16 producer warp 1's first page known, 17 its first
-//   TMA issued, 18 the last producer warp's first TMA issued.
+//   TMA issued, 18 the last producer warp's first TMA issued (the same warp as 17 with 2 math
+//   warpgroups); slot 19: the CTA's units, hi - lo (not a time), by which the finish (mark 6,
+//   else 5) is also printed; 20 producer warp 1's first expect_tx done, 21 its first key copy
+//   issued (before its scales' copy; 17 is after both).
 //   (Mark 4 is only recorded by the plain tile loop: not with tuning `mma_ahead`, the default of
 //   the 3-warpgroup fp8 kernel at next_n 1 and of the 16-bit keys' kernel.)
 // Usage: timeline B CTX NEXT_N [REPS] (env TIMELINE_SCHED=1: from precomputed schedules; marks 9
@@ -211,7 +214,8 @@ int main(int argc, char** argv) {
       const int sm = int(tl[c * kStride + 8]);
       if (f != 0 && sm < kMaxSms) fin.push_back({sm, double(f - t0)});
     }
-    {  // the finish (us after the first CTA start) by the CTA's number of units
+    {  // the finish (us after the first CTA start) by the CTA's number of units (CTAs without
+       // units record no finish and are left out; the CTA count printed is the last run's)
       std::map<unsigned long long, std::vector<double>> by;
       for (int c = 0; c < ctas; ++c) {
         const unsigned long long f = tl[c * kStride + 6] ? tl[c * kStride + 6] : tl[c * kStride + 5];
@@ -252,8 +256,8 @@ int main(int argc, char** argv) {
   for (int m : {0, 9, 10, 1, 11, 14, 12, 13, 2, 16, 20, 21, 17, 18, 15, 3, 4, 5, 6, 7})        // in the order they happen
     if (!md[m].empty()) printf("%-20s %8.2f %8.2f %8.2f\n", names[m], med(mn[m]), med(md[m]), med(mx[m]));
   for (auto& [u, v] : unit_md)
-    printf("CTAs with %llu units: %zu, last WG done median %.2f max %.2f us (medians over runs)\n", u, unit_n[u], med(v),
-           med(unit_mx[u]));
+    printf("CTAs with %llu units: %zu (last run), last WG done median %.2f max %.2f us (medians over runs)\n",
+           u, unit_n[u], med(v), med(unit_mx[u]));
   // does an SM's finish repeat? (correlation over SMs seen in both halves)
   std::vector<std::pair<double, int>> both;
   std::vector<double> a, b;

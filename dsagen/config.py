@@ -87,7 +87,7 @@ def settings() -> dict[str, str]:
 
 def bench_method() -> str:
     """``dsagen bench``'s default timing method (``DSAGEN_BENCH_METHOD``, default ``"spin"``)."""
-    return os.environ.get("DSAGEN_BENCH_METHOD", "spin")
+    return os.environ.get("DSAGEN_BENCH_METHOD") or "spin"
 
 
 def bench_partial() -> str | None:
