@@ -263,3 +263,17 @@ def test_git_commit_override(monkeypatch):
     monkeypatch.delenv("DSAGEN_BENCH_GIT")
     got = Bn._git_commit()
     assert got is None or "DSAGEN_BENCH_GIT" not in got
+
+
+def test_bench_env_settings(monkeypatch):
+    """The bench's DSAGEN_* variables, read through dsagen.config (empty means unset)."""
+    from dsagen import config
+    for k in ("DSAGEN_BENCH_METHOD", "DSAGEN_BENCH_PARTIAL", "DSAGEN_BENCH_GIT"):
+        monkeypatch.delenv(k, raising=False)
+    assert (config.bench_method(), config.bench_partial(), config.bench_git()) == ("spin", None, None)
+    monkeypatch.setenv("DSAGEN_BENCH_METHOD", "")
+    assert config.bench_method() == "spin"
+    monkeypatch.setenv("DSAGEN_BENCH_METHOD", "graph")
+    monkeypatch.setenv("DSAGEN_BENCH_PARTIAL", "/tmp/rows.json")
+    assert config.bench_method() == "graph" and config.bench_partial() == "/tmp/rows.json"
+    assert {"DSAGEN_BENCH_METHOD", "DSAGEN_BENCH_PARTIAL"} <= set(config.settings())
