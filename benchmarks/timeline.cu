@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 3 * kSets; ++i) launch(sets[i % kSets]);
   CHECK(cudaStreamSynchronize(st));
 
-  constexpr int kMarks = 22, kStride = 32, kUnits = 19, kMaxCtas = 1024, kMaxSms = 1024;
+  constexpr int kMarks = 22, kStride = ns::kTimelineSlots, kUnits = 19, kMaxCtas = 1024, kMaxSms = 1024;
   std::vector<unsigned long long> zero(kMaxCtas * kStride, 0ull), tl(kMaxCtas * kStride);
   static_assert(sizeof(ns::dsagen_timeline) == kMaxCtas * kStride * 8, "the template's timeline array changed");
   std::vector<double> sm_sum[2], sm_n[2];          // per SM: normalized finish, even / odd runs
@@ -209,24 +209,20 @@ int main(int argc, char** argv) {
     if (const double f = sm_clock_mhz(); f > 0) mhz.push_back(f);
     // each SM's finish (mark 6, else 5) over this run's median finish
     std::vector<std::pair<int, double>> fin;
+    std::map<unsigned long long, std::vector<double>> by_units;
     for (int c = 0; c < ctas; ++c) {
       const unsigned long long f = tl[c * kStride + 6] ? tl[c * kStride + 6] : tl[c * kStride + 5];
       const int sm = int(tl[c * kStride + 8]);
       if (f != 0 && sm < kMaxSms) fin.push_back({sm, double(f - t0)});
+      // the same finish (us) by the CTA's number of units (CTAs without units record no finish
+      // and are left out; the CTA count printed is the last run's)
+      if (f != 0) by_units[tl[c * kStride + kUnits]].push_back(double(f - t0) / 1000.0);
     }
-    {  // the finish (us after the first CTA start) by the CTA's number of units (CTAs without
-       // units record no finish and are left out; the CTA count printed is the last run's)
-      std::map<unsigned long long, std::vector<double>> by;
-      for (int c = 0; c < ctas; ++c) {
-        const unsigned long long f = tl[c * kStride + 6] ? tl[c * kStride + 6] : tl[c * kStride + 5];
-        if (f != 0) by[tl[c * kStride + kUnits]].push_back(double(f - t0) / 1000.0);
-      }
-      for (auto& [u, v] : by) {
-        std::sort(v.begin(), v.end());
-        unit_n[u] = v.size();
-        unit_md[u].push_back(v[v.size() / 2]);
-        unit_mx[u].push_back(v.back());
-      }
+    for (auto& [u, v] : by_units) {
+      std::sort(v.begin(), v.end());
+      unit_n[u] = v.size();
+      unit_md[u].push_back(v[v.size() / 2]);
+      unit_mx[u].push_back(v.back());
     }
     if (!fin.empty()) {
       std::vector<double> f;

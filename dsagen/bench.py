@@ -482,8 +482,8 @@ class CudaTimer:
 def _git_commit() -> str | None:
     # DSAGEN_BENCH_GIT names the commit where the tree was copied without its current .git (the
     # project's device runs copy the working tree; their .git can be an older one)
-    if config.bench_git():
-        return config.bench_git() + " (DSAGEN_BENCH_GIT)"
+    if named := config.bench_git():
+        return named + " (DSAGEN_BENCH_GIT)"
     try:
         root = Path(__file__).resolve().parent.parent
         r = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],

@@ -43,14 +43,15 @@ constexpr int kTile = 64;                   // keys per tile (WGMMA M)
 // the SM's %clock64 at the same points into dsagen_timeline_clk (cycles between two marks of a
 // CTA over their ns: its SM clock); otherwise the marks compile to nothing.
 #ifdef DSAGEN_TIMELINE
-__device__ unsigned long long dsagen_timeline[1024 * 32];
-__device__ unsigned long long dsagen_timeline_clk[1024 * 32];
+constexpr int kTimelineSlots = 32;          // slots per CTA (benchmarks/timeline.cu reads the same)
+__device__ unsigned long long dsagen_timeline[1024 * kTimelineSlots];
+__device__ unsigned long long dsagen_timeline_clk[1024 * kTimelineSlots];
 #define DSAGEN_MARK(i, cond) do { if (blockIdx.x < 1024 && (cond)) { unsigned long long t_, c_; unsigned s_; \
   asm volatile("mov.u64 %0, %%globaltimer;\n mov.u64 %1, %%clock64;\n mov.u32 %2, %%smid;" : "=l"(t_), "=l"(c_), "=r"(s_)); \
-  dsagen_timeline[blockIdx.x * 32 + (i)] = t_; dsagen_timeline_clk[blockIdx.x * 32 + (i)] = c_; \
-  if ((i) == 0) dsagen_timeline[blockIdx.x * 32 + 8] = s_; } } while (0)
+  dsagen_timeline[blockIdx.x * kTimelineSlots + (i)] = t_; dsagen_timeline_clk[blockIdx.x * kTimelineSlots + (i)] = c_; \
+  if ((i) == 0) dsagen_timeline[blockIdx.x * kTimelineSlots + 8] = s_; } } while (0)
 // DSAGEN_NOTE(i, cond, v): a value instead of a time (slot 19: the CTA's units, hi - lo)
-#define DSAGEN_NOTE(i, cond, v) do { if (blockIdx.x < 1024 && (cond)) dsagen_timeline[blockIdx.x * 32 + (i)] = (v); } while (0)
+#define DSAGEN_NOTE(i, cond, v) do { if (blockIdx.x < 1024 && (cond)) dsagen_timeline[blockIdx.x * kTimelineSlots + (i)] = (v); } while (0)
 #else
 #define DSAGEN_MARK(i, cond) do { } while (0)
 #define DSAGEN_NOTE(i, cond, v) do { } while (0)
