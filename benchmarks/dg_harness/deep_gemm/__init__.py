@@ -29,7 +29,7 @@ def _build() -> ctypes.CDLL:
     inc = os.environ.get("DG_INCLUDE")
     if not inc or not (Path(inc) / "deep_gemm/impls/sm90_fp8_paged_mqa_logits.cuh").is_file():
         raise ImportError("dg_harness: set DG_INCLUDE to a DeepGEMM include tree holding "
-                          "deep_gemm/impls/sm90_fp8_paged_mqa_logits.cuh (see benchmarks/dg_side.sh)")
+                          "deep_gemm/impls/sm90_fp8_paged_mqa_logits.cuh (see the dgbench step of benchmarks/gpu_run.sh)")
     out = Path(os.environ.get("DGH_BUILD", "/tmp/dgh"))
     out.mkdir(parents=True, exist_ok=True)
     lib = out / "libdgh.so"

@@ -5,7 +5,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cstdint>
-#include <cstdio>
 #include <deep_gemm/impls/sm90_fp8_paged_mqa_logits.cuh>
 
 namespace {
@@ -108,6 +107,4 @@ int dgh_meta(uint32_t batch, uint32_t next_n, const void* cl, void* meta, void* 
     if (batch <= 128) return launch_meta<128>(batch, next_n, c, m, s);
     return 3;
 }
-
-int dgh_smem(uint32_t next_n) { return smem_bytes(next_n); }
 }
