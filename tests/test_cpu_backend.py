@@ -137,15 +137,13 @@ def test_logits_masks_poison_and_accuracy(dsagen_spec, dsagen_ops, gen, repro):
         assert torch.equal(again, out), "CPU paged_logits is not deterministic"
 
 
-def test_store_then_logits_vs_unquantized(dsagen_spec, dsagen_ops, gen, repro):
-    """End to end through the ops: store bf16 keys, read logits; against float64 logits of the
-    unquantized keys the DeepGEMM accuracy bound (calc_diff < 1e-3) holds (FP4: 3e-2, below).
+def _store_and_read(spec, ops, gen, heavy: bool):
+    """Store bf16 keys for 3 requests of ~2000 tokens (ending mid-page) through ``ops.store``
+    and read their logits with ``ops.paged_logits``.
 
-    calc_diff of e4m3 keys is ~3.5e-4 on average but heavy-tailed over few tokens (the per-token
-    magnitudes are log-normal): with 11 tokens 11% of draws exceed 1e-3, with 64 tokens 4%, with
-    ~2000 tokens none of 300 draws did (max 7.9e-4). So the requests hold ~2000 tokens whatever
-    the page size, still ending mid-page."""
-    spec, ops = dsagen_spec, dsagen_ops
+    Returns ``(out, want, stored, mag, valid)``: the output, float64 logits of the unquantized
+    keys, float64 logits of the keys as the spec stores them (``R.quantize``, dequantized), the
+    float64 sums of absolute values of the latter, and the mask of valid logits."""
     ps, B, next_n = spec.page_size, 3, spec.next_n[-1]
     u = max(ps, 256)
     lens = [5 * u + 3, 2 * u - 1, u + 1]
@@ -160,23 +158,56 @@ def test_store_then_logits_vs_unquantized(dsagen_spec, dsagen_ops, gen, repro):
         pos += p
         j = torch.arange(n)
         slots = bt[b].long()[j // ps] * ps + j % ps
-        k = random_keys(n, spec.head_dim, gen, "cpu")
+        if heavy:
+            k = random_keys(n, spec.head_dim, gen, "cpu")
+        else:   # DeepGEMM's test inputs: every element normal, one magnitude for all tokens
+            k = (torch.randn(n, spec.head_dim, generator=gen) * 2.0).to(torch.bfloat16)
         ops.store(k, cache, slots, scales)
         keys.append(k)
     q = random_q(spec, B, next_n, gen, "cpu")
     w = torch.randn(B * next_n, spec.num_heads, generator=gen)
     cl = torch.tensor(lens, dtype=torch.int32)
-    out = ops.paged_logits(q, cache, w, cl, bt, max(lens), kv_scales=scales)
-    want = torch.full_like(out, float("-inf"), dtype=torch.float64)
+    max_len = max(lens)
+    out = ops.paged_logits(q, cache, w, cl, bt, max_len, kv_scales=scales)
+    want, stored, mag = (torch.full_like(out, float("-inf"), dtype=torch.float64) for _ in range(3))
     for b in range(B):
-        s = torch.relu(torch.einsum("ihd,jd->ihj", q[b].double(), keys[b].double()))
-        want[b * next_n:(b + 1) * next_n, :lens[b]] = (s * w[b * next_n:(b + 1) * next_n, :, None].double()).sum(1)
-    want.masked_fill_(~R.valid_mask(cl, next_n, max(lens)), float("-inf"))
-    assert torch.equal(torch.isneginf(out), torch.isneginf(want))
-    v = torch.isfinite(want)
-    # FP4 (one mantissa bit) is far coarser: over 100 draws of 2000 tokens calc_diff averaged
-    # 7.3e-3 (max 1.4e-2) for fp4_e2m1_page64, so it gets 3e-2 (a check of the stored values,
-    # not a claim that FP4 keys are accurate: `dsagen recall` measures what that costs).
+        kq, s = R.quantize(keys[b], spec)
+        kd = kq.double()
+        if s is not None:
+            kd = kd * s.double().repeat_interleave(spec.scale_block, dim=1)
+        rows = slice(b * next_n, (b + 1) * next_n)
+        qb, wb = q[b].double(), w[rows].double()[:, :, None]
+        for t, k, f in ((want, keys[b].double(), torch.relu), (stored, kd, torch.relu),
+                        (mag, kd.abs(), torch.abs)):
+            t[rows, :lens[b]] = (f(torch.einsum("ihd,jd->ihj", qb.abs() if t is mag else qb, k))
+                                 * (wb.abs() if t is mag else wb)).sum(1)
+    return out, want, stored, mag, R.valid_mask(cl, next_n, max_len)
+
+
+def test_store_then_logits_vs_unquantized(dsagen_spec, dsagen_ops, gen, repro):
+    """End to end through the ops: store bf16 keys, read logits.
+
+    1. Keys with log-normal per-token magnitudes (``random_keys``): the output matches float64
+       logits of the keys as the spec stores them (``R.quantize``): the verifier's bar.
+    2. Against float64 logits of the unquantized keys, DeepGEMM's accuracy bar on its kind of
+       inputs (every key element normal): calc_diff < 1e-3 (FP4: 3e-2). In a float64 emulation
+       of these ~2000-token batches, calc_diff of e4m3 keys averaged 3.4e-4 over 2000 draws
+       (max 5.0e-4; ue8m0 scales, 300 draws: 3.7e-4, max 5.0e-4). The bar is not applied to the
+       log-normal keys of (1): there the few largest tokens set calc_diff, which averaged 3.5e-4
+       over 2000 draws but reached 1.29e-3, one draw in 2000 above 1e-3 (a CI run failed on one).
+    """
+    spec, ops = dsagen_spec, dsagen_ops
+    out, _, stored, mag, v = _store_and_read(spec, ops, gen, heavy=True)
+    assert torch.equal(torch.isneginf(out), ~v), repro
+    assert not out[v].isnan().any(), repro
+    err = float(torch.linalg.vector_norm(out[v].double() - stored[v]))
+    assert err < 1e-4 * float(stored[v].norm()) or err < COND_TOL * float(mag[v].norm()), repro
+
+    out, want, _, _, v = _store_and_read(spec, ops, gen, heavy=False)
+    assert torch.equal(torch.isneginf(out), ~v), repro
+    # FP4 (one mantissa bit) is far coarser: calc_diff averaged 6.8e-3 (max 9.5e-3) for
+    # fp4_e2m1_page64 over 300 draws, so it gets 3e-2 (a check of the stored values, not a
+    # claim that FP4 keys are accurate: `dsagen recall` measures what that costs).
     bound = 3e-2 if spec.key_dtype == "e2m1" else 1e-3
     assert R.calc_diff(out[v], want[v]) < bound, repro
 
