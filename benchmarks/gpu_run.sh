@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call: install, build + verify both shipped specs on the GPU, GPU tests, timing.
 # Usage on the device machine: bash benchmarks/gpu_run.sh [steps...]
-#   steps: dgbench (DG_DIR, DG_PATH) precompile compile (SPECS, default all; COMPILE_ARGS) variants (VARIANT_SPECS) tests gputests quick bench benchall
+#   steps: dgbench (DG_DIR, DG_PATH, DG_SPECS, BENCH_TIMEOUT) precompile compile (SPECS, default all; COMPILE_ARGS) variants (VARIANT_SPECS) tests gputests quick bench benchall
 #          doctor startup compat recall launchprobe storeprobe (PROBE_N, PROBE_TIMEOUT) dataprobe (PROBE_SHAPES) powerprobe (POWER_SHAPE) timeline (TIMELINE_SHAPES); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT; TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -40,7 +40,8 @@ for s in $steps; do
     launchprobe) (cd benchmarks && timeout 200 python3 launch_probe.py) 2>&1 | tee $OUT/launch_probe.log ;;
     timeline) timeout 300 python3 benchmarks/timeline.py specs/fp8_e4m3_page64.yaml ${TIMELINE_SHAPES:-32x8192 128x32768x2} 2>&1 | tee $OUT/timeline.log ;;
     quick) python3 benchmarks/quick_time.py specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml 2>&1 | tee $OUT/quick.log ;;
-    dgbench) # DeepGEMM side by side: dsagen bench of fp8_e4m3_page64 with a deep_gemm provider on PYTHONPATH.
+    dgbench) # DeepGEMM side by side: dsagen bench of DG_SPECS (default fp8_e4m3_page64 and bf16_page64: one
+      # run with every figure of h200.json) with a deep_gemm provider on PYTHONPATH.
       # DG_DIR (default .whl/dg, carried with .whl) holds deep_gemm/ (e.g. unzipped from the sgl-kernel wheel)
       # and lib/ (libraries it lacks: libcudart.so.12, a stand-in libnvrtc.so.12). DG_PATH (default DG_DIR)
       # goes on PYTHONPATH; DG_PATH=benchmarks/dg_harness runs DeepGEMM's sm90 kernel from DG_DIR's headers
@@ -50,8 +51,8 @@ for s in $steps; do
                LD_LIBRARY_PATH=$dg_dir/lib:${LD_LIBRARY_PATH:-} CUDA_HOME=/usr/local/cuda DG_JIT_CACHE_DIR=/tmp/dgcache
         timeout 240 python3 -c "import deep_gemm as dg, torch; cl = torch.full((4,), 4096, dtype=torch.int32, device='cuda'); \
 print(dg.__file__, dg.get_num_sms(), tuple(dg.get_paged_mqa_logits_metadata(cl, 64, dg.get_num_sms()).shape))" 2>&1 | tee $OUT/dg_probe.log
-        DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json timeout ${BENCH_TIMEOUT:-420} python3 -m dsagen.cli bench specs/fp8_e4m3_page64.yaml \
-          --json $OUT/h200_dg.json > $OUT/bench_dg.log 2>&1; echo "bench rc $?"; tail -40 $OUT/bench_dg.log ) ;;
+        DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json timeout ${BENCH_TIMEOUT:-420} python3 -m dsagen.cli bench \
+          ${DG_SPECS:-specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml} --json $OUT/h200_dg.json > $OUT/bench_dg.log 2>&1; echo "bench rc $?"; tail -40 $OUT/bench_dg.log ) ;;
     bench) DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json python3 -m dsagen.cli bench specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml --json $OUT/h200.json 2>&1 | tee $OUT/bench.log ;;
   esac
 done

@@ -22,7 +22,12 @@ A paged-logits row on CUDA is timed twice: as a call that computes its own sched
 and from a precomputed ``paged_logits_schedule`` (``us_scheduled``, with ``schedule_us`` the
 schedule kernel's own time; a serving step makes one schedule for all of its layers). DeepGEMM
 is timed with its schedule metadata made outside the timed call, so ``speedup_vs_deepgemm_scheduled``
-is the like-for-like comparison.
+is the like-for-like comparison. Where the DeepGEMM build runs only without its clean pass
+(``clean_logits=False``, named in ``deepgemm_note``), which leaves each row's positions past its
+request's length unwritten, dsagen's scheduled call is also timed with ``clean_logits=False``
+(``us_scheduled_unclean``, ``speedup_vs_deepgemm_unclean``; ``unclean_valid_equal``: its
+visible logits are the clean call's, bitwise): the rows' bytes differ from the
+clean call's only for requests shorter than ``max_context_len`` (the mixed batch).
 
 Bytes per row are the minimal traffic (:func:`paged_logits_bytes`, :func:`store_bytes`). A
 paged-logits row on CUDA also names the kernel that ran (``kernel``:
@@ -580,6 +585,7 @@ _COLS = [  # (title, width, key, format)
     ("dg%copy", 8, "deepgemm_pct_copy_bw", ".1f"),
     ("x_dg", 6, "speedup_vs_deepgemm", ".2f"),
     ("x_dg_s", 6, "speedup_vs_deepgemm_scheduled", ".2f"),
+    ("x_dg_u", 6, "speedup_vs_deepgemm_unclean", ".2f"),
     ("bitwise", 8, "bitwise_20_reruns", "b"),
     ("TF/s", 6, "tflops", ".1f"),
     ("%mm", 5, "pct_matmul", ".1f"),
@@ -707,6 +713,8 @@ class Bench:
                 "deepgemm_note": None, "bitwise_20_reruns": None, "us_scheduled": None,
                 "GBps_scheduled": None, "pct_copy_bw_scheduled": None, "schedule_us": None,
                 "scheduled_bitwise_equal": None, "speedup_vs_deepgemm_scheduled": None,
+                "us_scheduled_unclean": None, "speedup_vs_deepgemm_unclean": None,
+                "unclean_valid_equal": None,
                 "error": None}
 
     def _fill_timing(self, row: dict, t: Timing, nbytes: int) -> None:
@@ -832,7 +840,7 @@ class Bench:
         # DeepGEMM
         if self.deepgemm is not None and deepgemm_applies(spec):
             try:
-                dg_call, note = _deepgemm_caller(self.deepgemm, sets, nn, max_len, self.device)
+                dg_call, note, clean = _deepgemm_caller(self.deepgemm, sets, nn, max_len, self.device)
                 out = dg_call(0)
                 ours = kernel(0)
                 row["deepgemm_calc_diff"] = _calc_diff_valid(ours, out, sets[0], nn, max_len)
@@ -843,6 +851,22 @@ class Bench:
                            speedup_vs_deepgemm=_r(dt.us / t.us, 3), deepgemm_note=note)
                 if ts is not None:
                     row["speedup_vs_deepgemm_scheduled"] = _r(dt.us / ts.us, 3)
+                if not clean and ts is not None:
+                    # DeepGEMM ran without its clean pass, so it leaves the positions past each
+                    # request's length unwritten: time dsagen's kernel that way too
+                    scheds = [ops.paged_logits_schedule(s["context_lens"], s["block_table"], nn, max_len)
+                              for s in sets]
+
+                    def kernel_unclean(k):
+                        return ops.paged_logits(*args[k], max_len, False, **skw[k], schedule=scheds[k])
+                    mask = R.valid_mask(sets[0]["context_lens"], nn, max_len)
+                    clean0 = kernel(0)
+                    row["unclean_valid_equal"] = bool(torch.equal(kernel_unclean(0)[mask], clean0[mask]))
+                    del clean0, mask
+                    tu = self.timer.time(kernel_unclean, n, self.runs, self.warmup, scrub)
+                    row.update(us_scheduled_unclean=_r(tu.us),
+                               speedup_vs_deepgemm_unclean=_r(dt.us / tu.us, 3))
+                    del scheds
             except Exception as e:
                 row["deepgemm_note"] = _short(e)
                 _free(self.device)
@@ -934,7 +958,8 @@ def _deepgemm_caller(dg, sets: list[dict], next_n: int, max_len: int, device):
     schedule metadata computed here (outside the timed region). Copes with the API variants of
     DeepGEMM releases: ``get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms)`` or
     ``(context_lens, num_sms)``; 1-D context_lens or only 2-D ``[B, next_n]`` (built with the same
-    visibility); clean_logits=True or, where unsupported, False. Returns ``(call, note)``."""
+    visibility); clean_logits=True or, where unsupported, False. Returns ``(call, note, clean)``
+    (``clean``: whether the calls write the masked positions too)."""
     num_sms = (dg.get_num_sms() if hasattr(dg, "get_num_sms")
                else torch.cuda.get_device_properties(device).multi_processor_count)
     notes = []
@@ -976,7 +1001,7 @@ def _deepgemm_caller(dg, sets: list[dict], next_n: int, max_len: int, device):
     def call(k):
         q, kv, w, cl, bt, m = prepared[k]
         return dg.fp8_paged_mqa_logits(q, kv, w, cl, bt, m, max_len, clean_logits=clean)
-    return call, ("; ".join(notes) or None)
+    return call, ("; ".join(notes) or None), clean
 
 
 # --------------------------------------------------------------------------------------------

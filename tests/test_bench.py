@@ -231,12 +231,12 @@ def test_table_formatting():
     head = Bn.format_header()
     lines = [Bn.format_row(r) for r in rows[1:]]
     assert head.split() == ["spec", "op", "B", "nn", "ctx/N", "us", "GB/s", "%copy", "us_sched", "%copy_s",
-                            "fallback_us", "x_fb", "deepgemm_us", "dg%copy", "x_dg", "x_dg_s", "bitwise",
-                            "TF/s", "%mm"]
+                            "fallback_us", "x_fb", "deepgemm_us", "dg%copy", "x_dg", "x_dg_s", "x_dg_u",
+                            "bitwise", "TF/s", "%mm"]
     assert len(lines[0]) == len(head)                       # aligned columns
     assert lines[0].split() == ["fp8_e4m3_page64", "paged_logits", "128", "2", "mixed", "512.3",
                                 "3800", "90.5", "-", "-", "12345.6", "24.1", "600.0", "77.2", "1.17", "-",
-                                "yes", "-", "-"]
+                                "-", "yes", "-", "-"]
     assert lines[1].split()[:8] == ["bf16_page64", "store", "-", "-", "65536", "9.9", "1200", "28.6"]
     assert lines[1].split()[-1] == "-"
     assert lines[2].endswith("ERROR: RuntimeError: boom") and " NO " in lines[2]
