@@ -26,8 +26,10 @@ is the like-for-like comparison. Where the DeepGEMM build runs only without its 
 (``clean_logits=False``, named in ``deepgemm_note``), which leaves each row's positions past its
 request's length unwritten, dsagen's scheduled call is also timed with ``clean_logits=False``
 (``us_scheduled_unclean``, ``speedup_vs_deepgemm_unclean``; ``unclean_valid_equal``: its
-visible logits are the clean call's, bitwise): the rows' bytes differ from the
-clean call's only for requests shorter than ``max_context_len`` (the mixed batch).
+visible logits are the clean call's, bitwise; ``unclean_note``: why it did not run). Without the
+clean pass the masked positions of each row (past its causal bound, and past its request's
+length) hold whatever the kernels leave there; most of the written bytes saved are those of
+requests shorter than ``max_context_len`` (the mixed batch).
 
 Bytes per row are the minimal traffic (:func:`paged_logits_bytes`, :func:`store_bytes`). A
 paged-logits row on CUDA also names the kernel that ran (``kernel``:
@@ -714,7 +716,7 @@ class Bench:
                 "GBps_scheduled": None, "pct_copy_bw_scheduled": None, "schedule_us": None,
                 "scheduled_bitwise_equal": None, "speedup_vs_deepgemm_scheduled": None,
                 "us_scheduled_unclean": None, "speedup_vs_deepgemm_unclean": None,
-                "unclean_valid_equal": None,
+                "unclean_valid_equal": None, "unclean_note": None,
                 "error": None}
 
     def _fill_timing(self, row: dict, t: Timing, nbytes: int) -> None:
@@ -852,27 +854,35 @@ class Bench:
                 if ts is not None:
                     row["speedup_vs_deepgemm_scheduled"] = _r(dt.us / ts.us, 3)
                 if not clean and ts is not None:
-                    # DeepGEMM ran without its clean pass, so it leaves the positions past each
-                    # request's length unwritten: time dsagen's kernel that way too
-                    scheds = [ops.paged_logits_schedule(s["context_lens"], s["block_table"], nn, max_len)
-                              for s in sets]
-
-                    def kernel_unclean(k):
-                        return ops.paged_logits(*args[k], max_len, False, **skw[k], schedule=scheds[k])
-                    mask = R.valid_mask(sets[0]["context_lens"], nn, max_len)
-                    clean0 = kernel(0)
-                    row["unclean_valid_equal"] = bool(torch.equal(kernel_unclean(0)[mask], clean0[mask]))
-                    del clean0, mask
-                    tu = self.timer.time(kernel_unclean, n, self.runs, self.warmup, scrub)
-                    row.update(us_scheduled_unclean=_r(tu.us),
-                               speedup_vs_deepgemm_unclean=_r(dt.us / tu.us, 3))
-                    del scheds
+                    self._unclean(ops, sets, args, skw, nn, max_len, n, scrub, dt.us, row)
             except Exception as e:
                 row["deepgemm_note"] = _short(e)
                 _free(self.device)
         elif self.deepgemm is None and deepgemm_applies(spec):
             row["deepgemm_note"] = "deep_gemm not importable"
         del sets, args, skw
+
+    def _unclean(self, ops, sets, args, skw, nn: int, max_len: int, n: int, scrub, dg_us: float,
+                 row: dict) -> None:
+        """DeepGEMM ran without its clean pass (masked positions left unwritten): time dsagen's
+        scheduled call with ``clean_logits=False`` too, and check that its visible logits are the
+        clean scheduled call's bits. A failure goes to ``unclean_note``, not to the row's
+        DeepGEMM figures."""
+        try:
+            scheds = [ops.paged_logits_schedule(s["context_lens"], s["block_table"], nn, max_len)
+                      for s in sets]
+
+            def kernel_unclean(k):
+                return ops.paged_logits(*args[k], max_len, False, **skw[k], schedule=scheds[k])
+            mask = R.valid_mask(sets[0]["context_lens"], nn, max_len)
+            clean0 = ops.paged_logits(*args[0], max_len, True, **skw[0], schedule=scheds[0])
+            row["unclean_valid_equal"] = bool(torch.equal(kernel_unclean(0)[mask], clean0[mask]))
+            del clean0, mask
+            tu = self.timer.time(kernel_unclean, n, self.runs, self.warmup, scrub)
+            row.update(us_scheduled_unclean=_r(tu.us), speedup_vs_deepgemm_unclean=_r(dg_us / tu.us, 3))
+        except Exception as e:
+            row["unclean_note"] = _short(e)
+            _free(self.device)
 
     # ---- ragged_logits (prefill) -----------------------------------------------------------
     def _ragged(self, ops, spec: Spec, shape: Shape, row: dict) -> None:
