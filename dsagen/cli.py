@@ -128,7 +128,18 @@ def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True, unrun: se
 @click.option("--json", "json_out", type=click.Path(), default=None, help="Write the reports as JSON.")
 @click.option("--no-nvcc", is_flag=True, help="Skip the compile-only check of targets without a device.")
 def compile(specs, json_out, no_nvcc):  # noqa: A001 - the command is called compile
-    """Render, build, verify each spec; compile (not run) CUDA for targets with no local device."""
+    """Render, build, verify each spec; compile (not run) CUDA for targets with no local device.
+
+    \b
+    SPECS are YAML files (see specs/). The CUDA targets are the spec's
+    `targets`, narrowed by DSAGEN_ARCH_LIST (e.g. sm_90a); the build cache is
+    DSAGEN_CACHE_DIR (`dsagen doctor` shows the settings; the README lists
+    every variable).
+    \b
+    Exit status: 0 every spec verified (and compiled for targets with no
+    device), 1 a kernel disagrees with the reference or a build failed,
+    2 a bad spec or bad usage.
+    """
     rows: list = []
     ok = True
     unrun: set = set()

@@ -382,8 +382,17 @@ def load_spec(path: str | Path) -> Spec:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise SpecError(str(path), "", f"not valid YAML: {str(e).splitlines()[0]}") from None
+        raise SpecError(str(path), "", f"not valid YAML: {_yaml_problem(e)}") from None
     return _parse(data, str(path))
+
+
+def _yaml_problem(e: "yaml.YAMLError") -> str:
+    """One line from a PyYAML error: its problem and where (1-based line and column)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if mark is None:
+        return problem
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
 
 
 def shipped_spec_paths() -> list[Path]:

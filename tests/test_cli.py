@@ -66,6 +66,14 @@ def test_compile_missing_spec(generated_tmp, tmp_path):
     assert r.exit_code == 2 and r.output.startswith(f"Error: {tmp_path / 'nope.yaml'}: ")
 
 
+def test_compile_help_names_exit_status_and_arch_list():
+    r = _run("compile", "--help")
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    assert "Exit status: 0 every spec verified" in text and "1 a kernel disagrees" in text
+    assert "2 a bad spec or bad usage" in text and "DSAGEN_ARCH_LIST" in text
+
+
 def test_render_out(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     r = _run("render", "specs/fp8_e4m3_page64.yaml", "specs/bf16_page64.yaml", "--out", tmp_path)

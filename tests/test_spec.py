@@ -182,6 +182,17 @@ def test_non_yaml(tmp_path):
     assert "\n" not in str(ei.value)
 
 
+def test_non_yaml_names_line_and_column(tmp_path):
+    # a tab that starts line 3, column 1: PyYAML's mark is 0-based, the message 1-based
+    f = tmp_path / "tab.yaml"
+    f.write_text("name: x\nkey:\n\tdtype: e4m3\n")
+    with pytest.raises(SpecError) as ei:
+        dsagen.load_spec(f)
+    msg = str(ei.value)
+    assert msg.endswith("at line 3, column 1"), msg
+    assert "\n" not in msg
+
+
 def test_missing_file(tmp_path):
     f = tmp_path / "nope.yaml"
     with pytest.raises(SpecError) as ei:
