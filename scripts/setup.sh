@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up a development environment in .venv: torch (the CPU wheel unless a torch is already
-# importable in .venv), then dsagen itself (editable) with its test extra.
+# Set up a development environment in .venv: torch==2.13.0 from pip's configured index (unless a
+# torch is already importable in .venv), then dsagen itself (editable) with its test extra.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
