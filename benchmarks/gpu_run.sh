@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call: install, build + verify both shipped specs on the GPU, GPU tests, timing.
 # Usage on the device machine: bash benchmarks/gpu_run.sh [steps...]
-#   steps: dgbench (DG_DIR, DG_PATH, DG_SPECS, BENCH_TIMEOUT) precompile compile (SPECS, default all; COMPILE_ARGS) variants (VARIANT_SPECS) tests gputests quick bench benchall
+#   steps: dgbench (DG_DIR, DG_PATH, DG_SPECS, BENCH_TIMEOUT) abdg (AB_SHAPES, AB_ROUNDS, AB_TIMEOUT) precompile compile (SPECS, default all; COMPILE_ARGS) variants (VARIANT_SPECS) tests gputests quick bench benchall
 #          doctor startup compat recall launchprobe storeprobe (PROBE_N, PROBE_TIMEOUT) dataprobe (PROBE_SHAPES) powerprobe (POWER_SHAPE) timeline (TIMELINE_SHAPES); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT; TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -40,6 +40,11 @@ for s in $steps; do
     launchprobe) (cd benchmarks && timeout 200 python3 launch_probe.py) 2>&1 | tee $OUT/launch_probe.log ;;
     timeline) timeout 300 python3 benchmarks/timeline.py specs/fp8_e4m3_page64.yaml ${TIMELINE_SHAPES:-32x8192 128x32768x2} 2>&1 | tee $OUT/timeline.log ;;
     quick) python3 benchmarks/quick_time.py specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml 2>&1 | tee $OUT/quick.log ;;
+    abdg) # benchmarks/ab_dg.py: dsagen vs DeepGEMM's sm90 kernel in both orders (AB_SHAPES, AB_ROUNDS)
+      dg_dir=${DG_DIR:-$PWD/.whl/dg}
+      ( export DG_INCLUDE=$dg_dir/deep_gemm/include PYTHONPATH=$PYTHONPATH:$PWD/benchmarks/dg_harness \
+               LD_LIBRARY_PATH=$dg_dir/lib:${LD_LIBRARY_PATH:-} CUDA_HOME=/usr/local/cuda DG_JIT_CACHE_DIR=/tmp/dgcache
+        timeout ${AB_TIMEOUT:-300} python3 benchmarks/ab_dg.py 2>&1 | tee $OUT/ab_dg.log ) ;;
     dgbench) # DeepGEMM side by side: dsagen bench of DG_SPECS (default fp8_e4m3_page64 and bf16_page64: one
       # run with every figure of h200.json) with a deep_gemm provider on PYTHONPATH.
       # DG_DIR (default .whl/dg, carried with .whl) holds deep_gemm/ (e.g. unzipped from the sgl-kernel wheel)
