@@ -31,6 +31,17 @@ clean pass the masked positions of each row (past its causal bound, and past its
 length) hold whatever the kernels leave there; most of the written bytes saved are those of
 requests shorter than ``max_context_len`` (the mixed batch).
 
+The DeepGEMM series above runs right after the PyTorch fallback's, and at some shapes the series
+that follows the fallback runs faster than it would elsewhere (the card's clocks and power cap;
+``benchmarks/ab_dg.py``). So each DeepGEMM row is timed once more, paired
+(:func:`paired_times`): ``PAIRED_ROUNDS`` rounds, each timing a whole series of dsagen's scheduled
+call, of DeepGEMM's and (where DeepGEMM ran without its clean pass) of dsagen's unclean call,
+in orders that put each one first equally often. ``us_scheduled_paired``,
+``deepgemm_us_paired``, ``us_scheduled_unclean_paired`` are the medians over the rounds of each
+series' median; ``speedup_vs_deepgemm_paired`` (and ``speedup_vs_deepgemm_unclean_paired``) the
+median over the rounds of that round's DeepGEMM / dsagen ratio, with its min and max in
+``speedup_vs_deepgemm_paired_range``. The sequential fields above are kept as they were.
+
 Bytes per row are the minimal traffic (:func:`paged_logits_bytes`, :func:`store_bytes`). A
 paged-logits row on CUDA also names the kernel that ran (``kernel``:
 :func:`dsagen.codegen.paged_logits_kernel`, e.g. ``"ws (small)"``) and, for those, whether its key
@@ -42,6 +53,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
+import itertools
 import math
 import json
 import platform
@@ -69,6 +81,7 @@ MIXED_B = 128
 MIXED_MAX_CTX = 65536
 MIXED_SEED = 1234
 RERUNS = 20                       # bitwise determinism reruns per paged_logits row
+PAIRED_ROUNDS = 6                 # order-balanced rounds of the paired dsagen / DeepGEMM timing
 SPIN_MIN_US = 30.0                # the spin before each timed call lasts at least this long
 SPIN_MAX_US = 5000.0
 
@@ -362,6 +375,27 @@ def _timing(samples: list[float], method: str, spin_us: float = 0.0, note: str =
                   spin_us, note)
 
 
+def paired_times(timer, fns: dict[str, Callable[[int], Any]], n_sets: int, runs: int, warmup: int,
+                 scrub: torch.Tensor | None = None, rounds: int = PAIRED_ROUNDS,
+                 ) -> dict[str, list[float]]:
+    """Time several functions in ``rounds`` rounds of whole series (``timer.time(fn, n_sets,
+    runs, warmup, scrub)`` each), the order of a round cycling through the permutations of
+    ``fns`` so that each function leads, and follows each other one, equally often when
+    ``rounds`` is a multiple of their count's factorial (2 functions: 2, 3 functions: 6).
+
+    Returns ``{name: [median us of round 0, round 1, ...]}``. Raises ``ValueError`` for fewer
+    than one round or no functions. Used for the paired DeepGEMM comparison (module docstring):
+    a series' time can depend on what ran just before it on a card at its power cap."""
+    if rounds < 1 or not fns:
+        raise ValueError(f"paired_times needs >= 1 round and >= 1 function (got {rounds}, {len(fns)})")
+    orders = list(itertools.permutations(fns))
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in orders[r % len(orders)]:
+            out[name].append(timer.time(fns[name], n_sets, runs, warmup, scrub).us)
+    return out
+
+
 class HostTimer:
     """Wall-clock timer (``time.perf_counter``); for CPU runs and tests only."""
 
@@ -588,6 +622,7 @@ _COLS = [  # (title, width, key, format)
     ("x_dg", 6, "speedup_vs_deepgemm", ".2f"),
     ("x_dg_s", 6, "speedup_vs_deepgemm_scheduled", ".2f"),
     ("x_dg_u", 6, "speedup_vs_deepgemm_unclean", ".2f"),
+    ("x_dg_p", 6, "speedup_vs_deepgemm_paired", ".2f"),
     ("bitwise", 8, "bitwise_20_reruns", "b"),
     ("TF/s", 6, "tflops", ".1f"),
     ("%mm", 5, "pct_matmul", ".1f"),
@@ -716,6 +751,8 @@ class Bench:
                 "GBps_scheduled": None, "pct_copy_bw_scheduled": None, "schedule_us": None,
                 "scheduled_bitwise_equal": None, "speedup_vs_deepgemm_scheduled": None,
                 "us_scheduled_unclean": None, "speedup_vs_deepgemm_unclean": None,
+                "us_scheduled_paired": None, "deepgemm_us_paired": None,
+                "speedup_vs_deepgemm_paired": None, "speedup_vs_deepgemm_unclean_paired": None,
                 "unclean_valid_equal": None, "unclean_note": None,
                 "error": None}
 
@@ -855,6 +892,8 @@ class Bench:
                     row["speedup_vs_deepgemm_scheduled"] = _r(dt.us / ts.us, 3)
                 if not clean and ts is not None:
                     self._unclean(ops, sets, args, skw, nn, max_len, n, scrub, dt.us, row)
+                if ts is not None:
+                    self._paired(ops, sets, args, skw, nn, max_len, n, scrub, dg_call, clean, row)
             except Exception as e:
                 row["deepgemm_note"] = _short(e)
                 _free(self.device)
@@ -882,6 +921,38 @@ class Bench:
             row.update(us_scheduled_unclean=_r(tu.us), speedup_vs_deepgemm_unclean=_r(dg_us / tu.us, 3))
         except Exception as e:
             row["unclean_note"] = _short(e)
+            _free(self.device)
+
+    def _paired(self, ops, sets, args, skw, nn: int, max_len: int, n: int, scrub, dg_call,
+                clean: bool, row: dict) -> None:
+        """The order-balanced DeepGEMM comparison (:func:`paired_times`; module docstring): fills
+        ``us_scheduled_paired``, ``deepgemm_us_paired``, ``speedup_vs_deepgemm_paired`` (+
+        ``_range``, ``paired_rounds``) and, where DeepGEMM ran without its clean pass,
+        ``us_scheduled_unclean_paired`` and ``speedup_vs_deepgemm_unclean_paired``. A failure goes
+        to ``paired_note``."""
+        try:
+            scheds = [ops.paged_logits_schedule(s["context_lens"], s["block_table"], nn, max_len)
+                      for s in sets]
+            fns = {"dsagen": lambda k: ops.paged_logits(*args[k], max_len, True, **skw[k],
+                                                        schedule=scheds[k]),
+                   "deepgemm": dg_call}
+            if not clean:
+                fns["dsagen_unclean"] = lambda k: ops.paged_logits(*args[k], max_len, False, **skw[k],
+                                                                   schedule=scheds[k])
+            rounds = PAIRED_ROUNDS
+            t = paired_times(self.timer, fns, n, self.runs, self.warmup, scrub, rounds)
+            ratios = [b / a for a, b in zip(t["dsagen"], t["deepgemm"])]
+            row.update(paired_rounds=rounds, us_scheduled_paired=_r(statistics.median(t["dsagen"])),
+                       deepgemm_us_paired=_r(statistics.median(t["deepgemm"])),
+                       speedup_vs_deepgemm_paired=_r(statistics.median(ratios), 3),
+                       speedup_vs_deepgemm_paired_range=[_r(min(ratios), 3), _r(max(ratios), 3)])
+            if not clean:
+                ru = [b / a for a, b in zip(t["dsagen_unclean"], t["deepgemm"])]
+                row.update(us_scheduled_unclean_paired=_r(statistics.median(t["dsagen_unclean"])),
+                           speedup_vs_deepgemm_unclean_paired=_r(statistics.median(ru), 3))
+            del scheds
+        except Exception as e:
+            row["paired_note"] = _short(e)
             _free(self.device)
 
     # ---- ragged_logits (prefill) -----------------------------------------------------------

@@ -232,11 +232,11 @@ def test_table_formatting():
     lines = [Bn.format_row(r) for r in rows[1:]]
     assert head.split() == ["spec", "op", "B", "nn", "ctx/N", "us", "GB/s", "%copy", "us_sched", "%copy_s",
                             "fallback_us", "x_fb", "deepgemm_us", "dg%copy", "x_dg", "x_dg_s", "x_dg_u",
-                            "bitwise", "TF/s", "%mm"]
+                            "x_dg_p", "bitwise", "TF/s", "%mm"]
     assert len(lines[0]) == len(head)                       # aligned columns
     assert lines[0].split() == ["fp8_e4m3_page64", "paged_logits", "128", "2", "mixed", "512.3",
                                 "3800", "90.5", "-", "-", "12345.6", "24.1", "600.0", "77.2", "1.17", "-",
-                                "-", "yes", "-", "-"]
+                                "-", "-", "yes", "-", "-"]
     assert lines[1].split()[:8] == ["bf16_page64", "store", "-", "-", "65536", "9.9", "1200", "28.6"]
     assert lines[1].split()[-1] == "-"
     assert lines[2].endswith("ERROR: RuntimeError: boom") and " NO " in lines[2]
@@ -247,6 +247,48 @@ def test_table_formatting():
         assert lines[0][end - 1] != " "
     table = Bn.format_table(rows)
     assert table.splitlines()[0] == head and len(table.splitlines()) == 5
+
+
+def test_paired_times_balances_the_order():
+    """paired_times: each round times a whole series of every function, the orders cycle through
+    the permutations (each function leads equally often), and the per-round medians come back
+    in round order."""
+    calls = []
+
+    class FakeTimer:
+        method = "fake"
+
+        def __init__(self):
+            self.t = 0.0
+
+        def time(self, fn, n_sets, runs, warmup, scrub=None):
+            for i in range(warmup + runs):
+                fn(i % n_sets)
+            self.t += 1.0
+            return Bn.Timing(self.t, self.t, self.t, runs, self.method)
+
+    def rec(name):
+        return lambda k: calls.append((name, k))
+
+    timer = FakeTimer()
+    t = Bn.paired_times(timer, {"a": rec("a"), "b": rec("b")}, n_sets=3, runs=4, warmup=1, rounds=4)
+    series = [calls[i][0] for i in range(0, len(calls), 5)]   # one name per series of 5 calls
+    assert series == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert all(len({c[0] for c in calls[i:i + 5]}) == 1 for i in range(0, len(calls), 5))
+    assert sorted({k for _n, k in calls}) == [0, 1, 2]          # every input set is used
+    assert t == {"a": [1.0, 4.0, 5.0, 8.0], "b": [2.0, 3.0, 6.0, 7.0]}
+    calls.clear()
+    t3 = Bn.paired_times(FakeTimer(), {"x": rec("x"), "y": rec("y"), "z": rec("z")}, 1, 1, 0, rounds=6)
+    firsts = [calls[i][0] for i in range(0, 18, 3)]
+    assert sorted(firsts) == ["x", "x", "y", "y", "z", "z"]
+    assert all(len(v) == 6 for v in t3.values())
+    # the host timer path: real timings, one per round
+    th = Bn.paired_times(Bn.HostTimer(), {"a": lambda k: k + 1, "b": lambda k: k * 2}, 2, 3, 1, rounds=2)
+    assert len(th["a"]) == len(th["b"]) == 2 and all(v > 0 for v in th["a"] + th["b"])
+    with pytest.raises(ValueError, match="needs >= 1 round"):
+        Bn.paired_times(timer, {"a": rec("a")}, 1, 1, 0, rounds=0)
+    with pytest.raises(ValueError, match="needs >= 1 round"):
+        Bn.paired_times(timer, {}, 1, 1, 0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
