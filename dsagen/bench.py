@@ -32,8 +32,8 @@ length) hold whatever the kernels leave there; most of the written bytes saved a
 requests shorter than ``max_context_len`` (the mixed batch).
 
 The DeepGEMM series above runs right after the PyTorch fallback's, and at some shapes the series
-that follows the fallback runs faster than it would elsewhere (the card's clocks and power cap;
-``benchmarks/ab_dg.py``). So each DeepGEMM row is timed once more, paired
+that followed the fallback was measured to run faster than the same series elsewhere
+(``benchmarks/ab_dg.py``; the card's clocks and power cap). So each DeepGEMM row is timed once more, paired
 (:func:`paired_times`): ``PAIRED_ROUNDS`` rounds, each timing a whole series of dsagen's scheduled
 call, of DeepGEMM's and (where DeepGEMM ran without its clean pass) of dsagen's unclean call,
 in orders that put each one first equally often. ``us_scheduled_paired``,
@@ -753,6 +753,8 @@ class Bench:
                 "us_scheduled_unclean": None, "speedup_vs_deepgemm_unclean": None,
                 "us_scheduled_paired": None, "deepgemm_us_paired": None,
                 "speedup_vs_deepgemm_paired": None, "speedup_vs_deepgemm_unclean_paired": None,
+                "us_scheduled_unclean_paired": None, "speedup_vs_deepgemm_paired_range": None,
+                "paired_rounds": None, "paired_note": None,
                 "unclean_valid_equal": None, "unclean_note": None,
                 "error": None}
 

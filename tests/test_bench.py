@@ -200,6 +200,9 @@ def test_bench_rows_cpu():
         # copy bandwidth 100 GB/s: the percentage equals the GB/s figure
         assert r["pct_copy_bw"] == pytest.approx(r["bytes"] / r["us"] / 1e3, rel=0.01, abs=0.01)
         assert r["deepgemm_us"] is None
+        # every row carries the paired fields (None without DeepGEMM)
+        assert all(k in r and r[k] is None for k in ("speedup_vs_deepgemm_paired", "deepgemm_us_paired",
+                                                    "us_scheduled_paired", "paired_rounds", "paired_note"))
     # prefill rows: TFLOP/s from 2*sum(ke-ks)*H*D and the same-run dense matmul rate
     r = b.bench(RefOps(FP8), FP8, Bn.Shape("ragged_logits", B=6, ctx=20))
     assert r["error"] is None, r["error"]
