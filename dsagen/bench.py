@@ -36,11 +36,12 @@ that followed the fallback was measured to run faster than the same series elsew
 (``benchmarks/ab_dg.py``; the card's clocks and power cap). So each DeepGEMM row is timed once more, paired
 (:func:`paired_times`): ``PAIRED_ROUNDS`` rounds, each timing a whole series of dsagen's scheduled
 call, of DeepGEMM's and (where DeepGEMM ran without its clean pass) of dsagen's unclean call,
-in orders that put each one first equally often. ``us_scheduled_paired``,
+in orders that put each one at each place of a round equally often. ``us_scheduled_paired``,
 ``deepgemm_us_paired``, ``us_scheduled_unclean_paired`` are the medians over the rounds of each
 series' median; ``speedup_vs_deepgemm_paired`` (and ``speedup_vs_deepgemm_unclean_paired``) the
-median over the rounds of that round's DeepGEMM / dsagen ratio, with its min and max in
-``speedup_vs_deepgemm_paired_range``. The sequential fields above are kept as they were.
+median over the rounds of that round's DeepGEMM / dsagen ratio (not the ratio of the medians);
+the clean ratio's min and max over the rounds are ``speedup_vs_deepgemm_paired_range``. The
+sequential fields above are kept as they were.
 
 Bytes per row are the minimal traffic (:func:`paged_logits_bytes`, :func:`store_bytes`). A
 paged-logits row on CUDA also names the kernel that ran (``kernel``:
@@ -380,8 +381,10 @@ def paired_times(timer, fns: dict[str, Callable[[int], Any]], n_sets: int, runs:
                  ) -> dict[str, list[float]]:
     """Time several functions in ``rounds`` rounds of whole series (``timer.time(fn, n_sets,
     runs, warmup, scrub)`` each), the order of a round cycling through the permutations of
-    ``fns`` so that each function leads, and follows each other one, equally often when
-    ``rounds`` is a multiple of their count's factorial (2 functions: 2, 3 functions: 6).
+    ``fns`` so that, within a round, each function holds each place (first, second, ...) and
+    comes right after each other one equally often over the rounds when ``rounds`` is a
+    multiple of their count's factorial (2 functions: 2, 3 functions: 6). Across the rounds'
+    boundaries (the last series of one round before the first of the next) it is not balanced.
 
     Returns ``{name: [median us of round 0, round 1, ...]}``. Raises ``ValueError`` for fewer
     than one round or no functions. Used for the paired DeepGEMM comparison (module docstring):
@@ -954,7 +957,9 @@ class Bench:
                            speedup_vs_deepgemm_unclean_paired=_r(statistics.median(ru), 3))
             del scheds
         except Exception as e:
+            scheds = None
             row["paired_note"] = _short(e)
+            self.log(f"  !! {row['spec']} paired DeepGEMM timing: {row['paired_note']}")
             _free(self.device)
 
     # ---- ragged_logits (prefill) -----------------------------------------------------------

@@ -201,8 +201,7 @@ def test_bench_rows_cpu():
         assert r["pct_copy_bw"] == pytest.approx(r["bytes"] / r["us"] / 1e3, rel=0.01, abs=0.01)
         assert r["deepgemm_us"] is None
         # every row carries the paired fields (None without DeepGEMM)
-        assert all(k in r and r[k] is None for k in ("speedup_vs_deepgemm_paired", "deepgemm_us_paired",
-                                                    "us_scheduled_paired", "paired_rounds", "paired_note"))
+        assert all(k in r and r[k] is None for k in PAIRED_FIELDS)
     # prefill rows: TFLOP/s from 2*sum(ke-ks)*H*D and the same-run dense matmul rate
     r = b.bench(RefOps(FP8), FP8, Bn.Shape("ragged_logits", B=6, ctx=20))
     assert r["error"] is None, r["error"]
@@ -223,7 +222,7 @@ def test_table_formatting():
         {"spec": "fp8_e4m3_page64", "op": "paged_logits", "B": 128, "next_n": 2, "ctx": "mixed",
          "N": None, "us": 512.345, "GBps": 3800.2, "pct_copy_bw": 90.48, "fallback_us": 12345.6,
          "speedup_vs_fallback": 24.1, "deepgemm_us": 600.0, "deepgemm_pct_copy_bw": 77.2,
-         "speedup_vs_deepgemm": 1.17, "bitwise_20_reruns": True},
+         "speedup_vs_deepgemm": 1.17, "speedup_vs_deepgemm_paired": 1.093, "bitwise_20_reruns": True},
         {"spec": "bf16_page64", "op": "store", "B": None, "next_n": None, "ctx": None, "N": 65536,
          "us": 9.87, "GBps": 1200.0, "pct_copy_bw": 28.6, "fallback_us": None,
          "speedup_vs_fallback": None, "deepgemm_us": None, "bitwise_20_reruns": None},
@@ -239,7 +238,7 @@ def test_table_formatting():
     assert len(lines[0]) == len(head)                       # aligned columns
     assert lines[0].split() == ["fp8_e4m3_page64", "paged_logits", "128", "2", "mixed", "512.3",
                                 "3800", "90.5", "-", "-", "12345.6", "24.1", "600.0", "77.2", "1.17", "-",
-                                "-", "-", "yes", "-", "-"]
+                                "-", "1.09", "yes", "-", "-"]
     assert lines[1].split()[:8] == ["bf16_page64", "store", "-", "-", "65536", "9.9", "1200", "28.6"]
     assert lines[1].split()[-1] == "-"
     assert lines[2].endswith("ERROR: RuntimeError: boom") and " NO " in lines[2]
@@ -257,6 +256,7 @@ def test_paired_times_balances_the_order():
     the permutations (each function leads equally often), and the per-round medians come back
     in round order."""
     calls = []
+    SCRUB = object()          # passed through to the timer
 
     class FakeTimer:
         method = "fake"
@@ -265,23 +265,25 @@ def test_paired_times_balances_the_order():
             self.t = 0.0
 
         def time(self, fn, n_sets, runs, warmup, scrub=None):
+            assert scrub is SCRUB
             for i in range(warmup + runs):
                 fn(i % n_sets)
             self.t += 1.0
-            return Bn.Timing(self.t, self.t, self.t, runs, self.method)
+            return Bn.Timing(self.t, self.t - 100, self.t + 100, runs, self.method)   # median: .us
 
     def rec(name):
         return lambda k: calls.append((name, k))
 
     timer = FakeTimer()
-    t = Bn.paired_times(timer, {"a": rec("a"), "b": rec("b")}, n_sets=3, runs=4, warmup=1, rounds=4)
+    t = Bn.paired_times(timer, {"a": rec("a"), "b": rec("b")}, n_sets=3, runs=4, warmup=1, scrub=SCRUB,
+                        rounds=4)
     series = [calls[i][0] for i in range(0, len(calls), 5)]   # one name per series of 5 calls
     assert series == ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert all(len({c[0] for c in calls[i:i + 5]}) == 1 for i in range(0, len(calls), 5))
     assert sorted({k for _n, k in calls}) == [0, 1, 2]          # every input set is used
     assert t == {"a": [1.0, 4.0, 5.0, 8.0], "b": [2.0, 3.0, 6.0, 7.0]}
     calls.clear()
-    t3 = Bn.paired_times(FakeTimer(), {"x": rec("x"), "y": rec("y"), "z": rec("z")}, 1, 1, 0, rounds=6)
+    t3 = Bn.paired_times(FakeTimer(), {"x": rec("x"), "y": rec("y"), "z": rec("z")}, 1, 1, 0, SCRUB, rounds=6)
     firsts = [calls[i][0] for i in range(0, 18, 3)]
     assert sorted(firsts) == ["x", "x", "y", "y", "z", "z"]
     assert all(len(v) == 6 for v in t3.values())
@@ -292,6 +294,78 @@ def test_paired_times_balances_the_order():
         Bn.paired_times(timer, {"a": rec("a")}, 1, 1, 0, rounds=0)
     with pytest.raises(ValueError, match="needs >= 1 round"):
         Bn.paired_times(timer, {}, 1, 1, 0)
+
+
+PAIRED_FIELDS = ("us_scheduled_paired", "deepgemm_us_paired", "speedup_vs_deepgemm_paired",
+                 "speedup_vs_deepgemm_unclean_paired", "us_scheduled_unclean_paired",
+                 "speedup_vs_deepgemm_paired_range", "paired_rounds", "paired_note")
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_bench_paired_row(clean):
+    """Bench._paired (run on CUDA with DeepGEMM only): which calls it times, the ratio's
+    direction (DeepGEMM / dsagen), the median over the rounds (not the mean), the range, the
+    unclean fields only where DeepGEMM ran without its clean pass, and a failure in paired_note."""
+    class Ops:
+        def __init__(self):
+            self.last = None
+
+        def paged_logits_schedule(self, context_lens, block_table, next_n, max_len):
+            return ("sched", int(context_lens[0]))
+
+        def paged_logits(self, q, kv, w, cl, bt, max_len, clean_logits, schedule=None):
+            assert schedule == ("sched", int(cl[0])) and max_len == 77    # set k's own schedule
+            self.last = "dsagen" if clean_logits else "dsagen_unclean"
+
+    ops = Ops()
+    sets = [{"context_lens": torch.tensor([k + 5]), "block_table": torch.zeros(1, 1)} for k in range(3)]
+    args = [(None, None, None, s["context_lens"], s["block_table"]) for s in sets]
+
+    def dg_call(k):
+        ops.last = "deepgemm"
+
+    class KindTimer:   # a series' time by what its function calls: dsagen 10 us but 40 in one round
+        method = "fake"
+
+        def __init__(self):
+            self.n = {"dsagen": 0, "deepgemm": 0, "dsagen_unclean": 0}
+
+        def time(self, fn, n_sets, runs, warmup, scrub=None):
+            for k in range(n_sets):
+                fn(k)
+            kind = ops.last
+            self.n[kind] += 1
+            us = {"dsagen": 40.0 if self.n[kind] == 4 else 10.0, "deepgemm": 12.0, "dsagen_unclean": 9.0}[kind]
+            return Bn.Timing(us, us - 5, us + 5, runs, self.method)
+
+    timer = KindTimer()
+    b = Bn.Bench("cpu", timer, copy_GBps=1.0, log=lambda s: None)
+    row = {"spec": "x", **{k: None for k in PAIRED_FIELDS}}
+    b._paired(ops, sets, args, [{}] * 3, 2, 77, 3, None, dg_call, clean, row)
+    assert row["paired_note"] is None
+    rounds = Bn.PAIRED_ROUNDS
+    assert row["paired_rounds"] == rounds and timer.n["dsagen"] == timer.n["deepgemm"] == rounds
+    assert timer.n["dsagen_unclean"] == (0 if clean else rounds)
+    assert row["us_scheduled_paired"] == 10.0 and row["deepgemm_us_paired"] == 12.0
+    assert row["speedup_vs_deepgemm_paired"] == 1.2                # median of 5 x 1.2 and 0.3
+    assert row["speedup_vs_deepgemm_paired_range"] == [0.3, 1.2]
+    if clean:
+        assert row["us_scheduled_unclean_paired"] is None and row["speedup_vs_deepgemm_unclean_paired"] is None
+    else:
+        assert row["us_scheduled_unclean_paired"] == 9.0 and row["speedup_vs_deepgemm_unclean_paired"] == 1.333
+    json.dumps(row)
+
+    class Broken:
+        method = "fake"
+
+        def time(self, *a, **k):
+            raise RuntimeError("timer broke")
+    logs = []
+    row2 = {"spec": "x", **{k: None for k in PAIRED_FIELDS}}
+    Bn.Bench("cpu", Broken(), copy_GBps=1.0, log=logs.append)._paired(
+        ops, sets, args, [{}] * 3, 2, 77, 3, None, dg_call, clean, row2)
+    assert "timer broke" in row2["paired_note"] and any("timer broke" in m for m in logs)
+    assert all(row2[k] is None for k in PAIRED_FIELDS if k != "paired_note")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
