@@ -385,6 +385,10 @@ def test_other_layout_is_caught(change, gen, seed):
     rep = verify(b, RefOps(a), "cpu", seed=seed, quick=True)
     assert not rep.passed
     store_rows = [r for r in rep.rows if r.op == "store"]
+    if "scale_rounding" in change:
+        # a single token whose scale is already a power of two (amax = 1.75 * 2^k: about 1 bf16
+        # key in 128; seed 1933503567 drew one) is stored the same way by both layouts
+        store_rows = [r for r in store_rows if not r.shape.startswith("N=1 ")]
     assert store_rows and not any(r.bytes_equal for r in store_rows), rep.table()
     if "scale_placement" in change:
         assert not any(r.passed for r in rep.rows if r.op == "paged_logits" and "ctx=[1]" not in r.shape), \
