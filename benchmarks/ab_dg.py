@@ -22,6 +22,7 @@ import torch
 
 import dsagen
 from dsagen import bench as Bm
+from dsagen import reference as R
 
 SHAPES = [tuple(map(int, s.split("x"))) for s in
           os.environ.get("AB_SHAPES", "32x1x8192,32x2x8192,128x1x32768,128x2x32768").split(",")]
@@ -74,20 +75,16 @@ def main():
         mask = torch.isfinite(fa(0))
         err = (fa(0)[mask].double() - fb(0)[mask].double()).abs().max().item()
         print(f"== B={B} next_n={nn} ctx={ctx}: {n} sets, DeepGEMM {note}, max |diff| {err:.3g}", flush=True)
-        seq = {"A": [], "B": []}
+        # whole series, A then B in even rounds and B then A in odd ones (the bench's paired rounds)
+        seq = Bm.paired_times(timer, {"A": fa, "B": fb}, n, RUNS, WARMUP, None, ROUNDS)
         for r in range(ROUNDS):
-            order = ("A", "B") if r % 2 == 0 else ("B", "A")
-            line = []
-            for w in order:
-                us = timer.time(fa if w == "A" else fb, n, RUNS, WARMUP).us
-                seq[w].append(us)
-                line.append(f"{w} {us:7.2f}")
-            print(f"  round {r}: " + "  ".join(line), flush=True)
+            first, second = ("A", "B") if r % 2 == 0 else ("B", "A")
+            print(f"  round {r}: {first} {seq[first][r]:7.2f}  {second} {seq[second][r]:7.2f}", flush=True)
         ab = [b / a for a, b in zip(seq["A"][0::2], seq["B"][0::2])]
         ba = [b / a for a, b in zip(seq["A"][1::2], seq["B"][1::2])]
-        # the bench's order: the PyTorch fallback (10 timed calls), then DeepGEMM, here then A
-        from dsagen import reference as R
-        # and the same with A first (does the state the fallback leaves favour whichever is next?)
+        # the bench's sequential order: the PyTorch fallback (10 timed calls), then DeepGEMM, here
+        # then A; and the same with A first (does the state the fallback leaves favour whichever
+        # runs next?)
         for r in range(AFTER_FB):
             timer.time(lambda k: R.fallback_paged_logits(*args[k], max_len, spec), n, 10, 2)
             order = ("B", "A") if r % 2 == 0 else ("A", "B")

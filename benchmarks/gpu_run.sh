@@ -12,6 +12,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee $OUT/gpu.txt
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a $OUT/gpu.txt
 steps=${@:-compile quick}
+# the environment of a deep_gemm provider (dgbench, abdg): headers and libraries from DG_DIR
+# (default .whl/dg), the provider's package directory ($1) on PYTHONPATH
+dg_env() {
+  local dg_dir=${DG_DIR:-$PWD/.whl/dg}
+  export DG_INCLUDE=$dg_dir/deep_gemm/include PYTHONPATH=$PYTHONPATH:$(realpath $1) \
+         LD_LIBRARY_PATH=$dg_dir/lib:${LD_LIBRARY_PATH:-} CUDA_HOME=/usr/local/cuda DG_JIT_CACHE_DIR=/tmp/dgcache
+}
 for s in $steps; do
   case $s in
     precompile) python3 benchmarks/variants.py /tmp/variants ${VARIANT_SPECS:-} > $OUT/variants.txt
@@ -41,9 +48,7 @@ for s in $steps; do
     timeline) timeout 300 python3 benchmarks/timeline.py specs/fp8_e4m3_page64.yaml ${TIMELINE_SHAPES:-32x8192 128x32768x2} 2>&1 | tee $OUT/timeline.log ;;
     quick) python3 benchmarks/quick_time.py specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml 2>&1 | tee $OUT/quick.log ;;
     abdg) # benchmarks/ab_dg.py: dsagen vs DeepGEMM's sm90 kernel in both orders (AB_SHAPES, AB_ROUNDS)
-      dg_dir=${DG_DIR:-$PWD/.whl/dg}
-      ( export DG_INCLUDE=$dg_dir/deep_gemm/include PYTHONPATH=$PYTHONPATH:$PWD/benchmarks/dg_harness \
-               LD_LIBRARY_PATH=$dg_dir/lib:${LD_LIBRARY_PATH:-} CUDA_HOME=/usr/local/cuda DG_JIT_CACHE_DIR=/tmp/dgcache
+      ( dg_env benchmarks/dg_harness
         timeout ${AB_TIMEOUT:-300} python3 benchmarks/ab_dg.py 2>&1 | tee $OUT/ab_dg.log ) ;;
     dgbench) # DeepGEMM side by side: dsagen bench of DG_SPECS (default fp8_e4m3_page64 and bf16_page64: one
       # run with every figure of h200.json) with a deep_gemm provider on PYTHONPATH.
@@ -51,9 +56,7 @@ for s in $steps; do
       # and lib/ (libraries it lacks: libcudart.so.12, a stand-in libnvrtc.so.12). DG_PATH (default DG_DIR)
       # goes on PYTHONPATH; DG_PATH=benchmarks/dg_harness runs DeepGEMM's sm90 kernel from DG_DIR's headers
       # through benchmarks/dg_harness/deep_gemm, for builds whose binary does not match this torch.
-      dg_dir=${DG_DIR:-$PWD/.whl/dg}
-      ( export DG_INCLUDE=$dg_dir/deep_gemm/include PYTHONPATH=$PYTHONPATH:$(realpath ${DG_PATH:-$dg_dir}) \
-               LD_LIBRARY_PATH=$dg_dir/lib:${LD_LIBRARY_PATH:-} CUDA_HOME=/usr/local/cuda DG_JIT_CACHE_DIR=/tmp/dgcache
+      ( dg_env ${DG_PATH:-${DG_DIR:-$PWD/.whl/dg}}
         timeout 240 python3 -c "import deep_gemm as dg, torch; cl = torch.full((4,), 4096, dtype=torch.int32, device='cuda'); \
 print(dg.__file__, dg.get_num_sms(), tuple(dg.get_paged_mqa_logits_metadata(cl, 64, dg.get_num_sms()).shape))" 2>&1 | tee $OUT/dg_probe.log
         DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json timeout ${BENCH_TIMEOUT:-420} python3 -m dsagen.cli bench \

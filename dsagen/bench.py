@@ -846,20 +846,17 @@ class Bench:
         # the same calls from a precomputed schedule (paged_logits_schedule: made once per decode
         # step for every layer, as DeepGEMM's metadata, whose kernel its timing excludes too),
         # and the schedule kernel itself
-        ts = None
+        ts = scheds = None
         if self.device.type == "cuda" and hasattr(ops, "paged_logits_schedule"):
             def schedule(k):
                 return ops.paged_logits_schedule(sets[k]["context_lens"], sets[k]["block_table"], nn, max_len)
-            scheds = [schedule(k) for k in range(n)]
-
-            def kernel_scheduled(k):
-                return ops.paged_logits(*args[k], max_len, True, **skw[k], schedule=scheds[k])
+            scheds = [schedule(k) for k in range(n)]     # kept for the DeepGEMM comparisons below
+            kernel_scheduled, kernel_unclean = _scheduled_calls(ops, args, skw, scheds, max_len)
             row["scheduled_bitwise_equal"] = bool(torch.equal(kernel_scheduled(0), first))
             ts = self.timer.time(kernel_scheduled, n, self.runs, self.warmup, scrub)
             gbps_s, pct_s = self._pct(nbytes, ts.us)
             row.update(us_scheduled=_r(ts.us), GBps_scheduled=_r(gbps_s, 1), pct_copy_bw_scheduled=_r(pct_s))
             row["schedule_us"] = _r(self.timer.time(schedule, n, self.runs, self.warmup, scrub).us)
-            del scheds
 
         # the plain PyTorch fallback
         peak = fallback_peak_bytes(spec, B, nn, max_len)
@@ -896,54 +893,45 @@ class Bench:
                 if ts is not None:
                     row["speedup_vs_deepgemm_scheduled"] = _r(dt.us / ts.us, 3)
                 if not clean and ts is not None:
-                    self._unclean(ops, sets, args, skw, nn, max_len, n, scrub, dt.us, row)
+                    self._unclean(kernel_scheduled, kernel_unclean, sets[0], nn, max_len, n, scrub,
+                                  dt.us, row)
                 if ts is not None:
-                    self._paired(ops, sets, args, skw, nn, max_len, n, scrub, dg_call, clean, row)
+                    fns = {"dsagen": kernel_scheduled, "deepgemm": dg_call}
+                    if not clean:
+                        fns["dsagen_unclean"] = kernel_unclean
+                    self._paired(fns, n, scrub, row)
             except Exception as e:
                 row["deepgemm_note"] = _short(e)
                 _free(self.device)
         elif self.deepgemm is None and deepgemm_applies(spec):
             row["deepgemm_note"] = "deep_gemm not importable"
-        del sets, args, skw
+        del sets, args, skw, scheds
 
-    def _unclean(self, ops, sets, args, skw, nn: int, max_len: int, n: int, scrub, dg_us: float,
-                 row: dict) -> None:
+    def _unclean(self, kernel_scheduled, kernel_unclean, set0: dict, nn: int, max_len: int, n: int,
+                 scrub, dg_us: float, row: dict) -> None:
         """DeepGEMM ran without its clean pass (masked positions left unwritten): time dsagen's
         scheduled call with ``clean_logits=False`` too, and check that its visible logits are the
         clean scheduled call's bits. A failure goes to ``unclean_note``, not to the row's
         DeepGEMM figures."""
         try:
-            scheds = [ops.paged_logits_schedule(s["context_lens"], s["block_table"], nn, max_len)
-                      for s in sets]
-
-            def kernel_unclean(k):
-                return ops.paged_logits(*args[k], max_len, False, **skw[k], schedule=scheds[k])
-            mask = R.valid_mask(sets[0]["context_lens"], nn, max_len)
-            clean0 = ops.paged_logits(*args[0], max_len, True, **skw[0], schedule=scheds[0])
-            row["unclean_valid_equal"] = bool(torch.equal(kernel_unclean(0)[mask], clean0[mask]))
-            del clean0, mask
+            mask = R.valid_mask(set0["context_lens"], nn, max_len)
+            row["unclean_valid_equal"] = bool(torch.equal(kernel_unclean(0)[mask], kernel_scheduled(0)[mask]))
+            del mask
             tu = self.timer.time(kernel_unclean, n, self.runs, self.warmup, scrub)
             row.update(us_scheduled_unclean=_r(tu.us), speedup_vs_deepgemm_unclean=_r(dg_us / tu.us, 3))
         except Exception as e:
             row["unclean_note"] = _short(e)
             _free(self.device)
 
-    def _paired(self, ops, sets, args, skw, nn: int, max_len: int, n: int, scrub, dg_call,
-                clean: bool, row: dict) -> None:
-        """The order-balanced DeepGEMM comparison (:func:`paired_times`; module docstring): fills
+    def _paired(self, fns: dict[str, Callable[[int], Any]], n: int, scrub, row: dict) -> None:
+        """The order-balanced DeepGEMM comparison (:func:`paired_times`; module docstring) of
+        ``fns``: ``"dsagen"`` (the scheduled call), ``"deepgemm"`` and, where DeepGEMM ran without
+        its clean pass, ``"dsagen_unclean"``, each ``f(k)`` on input set ``k`` of ``n``. Fills
         ``us_scheduled_paired``, ``deepgemm_us_paired``, ``speedup_vs_deepgemm_paired`` (+
-        ``_range``, ``paired_rounds``) and, where DeepGEMM ran without its clean pass,
+        ``_range``, ``paired_rounds``) and, with ``"dsagen_unclean"``,
         ``us_scheduled_unclean_paired`` and ``speedup_vs_deepgemm_unclean_paired``. A failure goes
         to ``paired_note``."""
         try:
-            scheds = [ops.paged_logits_schedule(s["context_lens"], s["block_table"], nn, max_len)
-                      for s in sets]
-            fns = {"dsagen": lambda k: ops.paged_logits(*args[k], max_len, True, **skw[k],
-                                                        schedule=scheds[k]),
-                   "deepgemm": dg_call}
-            if not clean:
-                fns["dsagen_unclean"] = lambda k: ops.paged_logits(*args[k], max_len, False, **skw[k],
-                                                                   schedule=scheds[k])
             rounds = PAIRED_ROUNDS
             t = paired_times(self.timer, fns, n, self.runs, self.warmup, scrub, rounds)
             ratios = [b / a for a, b in zip(t["dsagen"], t["deepgemm"])]
@@ -951,13 +939,11 @@ class Bench:
                        deepgemm_us_paired=_r(statistics.median(t["deepgemm"])),
                        speedup_vs_deepgemm_paired=_r(statistics.median(ratios), 3),
                        speedup_vs_deepgemm_paired_range=[_r(min(ratios), 3), _r(max(ratios), 3)])
-            if not clean:
+            if "dsagen_unclean" in t:
                 ru = [b / a for a, b in zip(t["dsagen_unclean"], t["deepgemm"])]
                 row.update(us_scheduled_unclean_paired=_r(statistics.median(t["dsagen_unclean"])),
                            speedup_vs_deepgemm_unclean_paired=_r(statistics.median(ru), 3))
-            del scheds
         except Exception as e:
-            scheds = None
             row["paired_note"] = _short(e)
             self.log(f"  !! {row['spec']} paired DeepGEMM timing: {row['paired_note']}")
             _free(self.device)
@@ -1030,6 +1016,17 @@ class Bench:
             row["fallback_note"] = _short(e)
             _free(self.device)
         del sets
+
+
+def _scheduled_calls(ops, args: list[tuple], skw: list[dict], scheds: list, max_len: int):
+    """dsagen's paged-logits call on input set ``k`` from its precomputed schedule
+    ``scheds[k]``: ``(clean(k), unclean(k))``, with ``clean_logits`` True and False."""
+    def clean(k):
+        return ops.paged_logits(*args[k], max_len, True, **skw[k], schedule=scheds[k])
+
+    def unclean(k):
+        return ops.paged_logits(*args[k], max_len, False, **skw[k], schedule=scheds[k])
+    return clean, unclean
 
 
 def _calc_diff_valid(a: torch.Tensor, b: torch.Tensor, inputs: dict, next_n: int,

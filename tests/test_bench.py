@@ -303,9 +303,10 @@ PAIRED_FIELDS = ("us_scheduled_paired", "deepgemm_us_paired", "speedup_vs_deepge
 
 @pytest.mark.parametrize("clean", [True, False])
 def test_bench_paired_row(clean):
-    """Bench._paired (run on CUDA with DeepGEMM only): which calls it times, the ratio's
-    direction (DeepGEMM / dsagen), the median over the rounds (not the mean), the range, the
-    unclean fields only where DeepGEMM ran without its clean pass, and a failure in paired_note."""
+    """Bench._paired on the calls of _scheduled_calls (both run on CUDA with DeepGEMM only):
+    which calls it times, the ratio's direction (DeepGEMM / dsagen), the median over the rounds
+    (not the mean), the range, the unclean fields only where DeepGEMM ran without its clean
+    pass, and a failure in paired_note."""
     class Ops:
         def __init__(self):
             self.last = None
@@ -341,7 +342,12 @@ def test_bench_paired_row(clean):
     timer = KindTimer()
     b = Bn.Bench("cpu", timer, copy_GBps=1.0, log=lambda s: None)
     row = {"spec": "x", **{k: None for k in PAIRED_FIELDS}}
-    b._paired(ops, sets, args, [{}] * 3, 2, 77, 3, None, dg_call, clean, row)
+    scheds = [ops.paged_logits_schedule(s["context_lens"], s["block_table"], 2, 77) for s in sets]
+    kernel_scheduled, kernel_unclean = Bn._scheduled_calls(ops, args, [{}] * 3, scheds, 77)
+    fns = {"dsagen": kernel_scheduled, "deepgemm": dg_call}
+    if not clean:
+        fns["dsagen_unclean"] = kernel_unclean
+    b._paired(fns, 3, None, row)
     assert row["paired_note"] is None
     rounds = Bn.PAIRED_ROUNDS
     assert row["paired_rounds"] == rounds and timer.n["dsagen"] == timer.n["deepgemm"] == rounds
@@ -362,8 +368,7 @@ def test_bench_paired_row(clean):
             raise RuntimeError("timer broke")
     logs = []
     row2 = {"spec": "x", **{k: None for k in PAIRED_FIELDS}}
-    Bn.Bench("cpu", Broken(), copy_GBps=1.0, log=logs.append)._paired(
-        ops, sets, args, [{}] * 3, 2, 77, 3, None, dg_call, clean, row2)
+    Bn.Bench("cpu", Broken(), copy_GBps=1.0, log=logs.append)._paired(fns, 3, None, row2)
     assert "timer broke" in row2["paired_note"] and any("timer broke" in m for m in logs)
     assert all(row2[k] is None for k in PAIRED_FIELDS if k != "paired_note")
 
