@@ -315,6 +315,10 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     whole pages), else 16 (1- to 4-byte vectors: keys at a 132-byte token stride, e2m1 chunks; at 4
     lanes their stores touched each 32-byte sector twice and N=65536 took 26.7-27.3 us against
     18.5-19.1 us at 16; e2m1's 4 scale blocks per lane cost 1.8 us at N<=128).
+    ``store_prefetch``: each token's first scale-writing lane issues an L2 prefetch of its scale
+    address, so that the later 4-byte (partial-sector) scale write finds the sector in the L2:
+    ``"load"`` (or True) right after the step's loads, ``"use"`` when the step is converted;
+    False (default) none. Quantized specs only (a no-op otherwise).
     ``loop``: how the math warpgroups of ``ws`` walk their tiles: ``request`` (per request, a
     plain loop over its tiles with the request's values set once: 239 instead of about 280
     instructions per tile and warp at fp8 next_n 2; H200, same process, B=128 ctx 32768 next_n 2:
@@ -396,7 +400,20 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "wregs": True, "loop": "request", "mma_ahead": ahead,
             "small": small, "small_tiles": 40,
             "store_passes": 1, "sched": True, "kv_evict_first": 0.5, "lean_loop": "unhinted",
-            "store_lanes": 4 if _store_vec(spec) >= 8 else 16}
+            "store_lanes": 4 if _store_vec(spec) >= 8 else 16, "store_prefetch": False}
+
+
+def _store_prefetch(tune: dict[str, Any]) -> str | bool:
+    """The ``store_prefetch`` tuning: False, ``"load"`` or ``"use"`` (True means ``"load"``);
+    ValueError otherwise."""
+    v = tune["store_prefetch"]
+    if v is False or v is None:
+        return False
+    if v is True:
+        return "load"
+    if v in ("load", "use"):
+        return v
+    raise ValueError(f"tuning store_prefetch={v!r}: must be false, 'load' or 'use'")
 
 
 def _store_vec(spec: Spec) -> int:
@@ -416,6 +433,7 @@ def _check_counts(tune: dict[str, Any]) -> None:
     if isinstance(v, bool) or v not in (2, 4, 8, 16, 32):
         raise ValueError(f"tuning store_lanes={v!r}: must be 2, 4, 8, 16 or 32")
     _kv_evict_first(tune)
+    _store_prefetch(tune)
     _loop(tune)
     _lean_loop(tune)
 
@@ -680,6 +698,7 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "chains": _chains(spec, tune),
         "store_passes": int(tune["store_passes"]),
         "store_lanes": min(int(tune["store_lanes"]), spec.head_dim // 8),
+        "store_prefetch": _store_prefetch(tune) if spec.quantized else False,
         "wregs_max_n": _wregs_max_n(spec, tune),
         "ws_regs": _ws_regs(tune),
         "sched": bool(tune["sched"]),
