@@ -2,7 +2,7 @@
 # One device call: install, build + verify both shipped specs on the GPU, GPU tests, timing.
 # Usage on the device machine: bash benchmarks/gpu_run.sh [steps...]
 #   steps: dgbench (DG_DIR, DG_PATH, DG_SPECS, BENCH_TIMEOUT) abdg (AB_SHAPES, AB_ROUNDS, AB_TIMEOUT) precompile compile (SPECS, default all; COMPILE_ARGS) variants (VARIANT_SPECS) tests gputests quick bench benchall
-#          doctor startup compat recall launchprobe storeprobe (PROBE_N, PROBE_TIMEOUT) storetime (STORE_SPEC, STORE_TUNINGS: quoted JSON tunings) dataprobe (PROBE_SHAPES) powerprobe (POWER_SHAPE) timeline (TIMELINE_SHAPES); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT; TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
+#          doctor startup compat recall launchprobe storeprobe (PROBE_N, PROBE_TIMEOUT) storetime (STORE_SPECS, STORE_TUNINGS: quoted JSON tunings) dataprobe (PROBE_SHAPES) powerprobe (POWER_SHAPE) timeline (TIMELINE_SHAPES); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT; TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CXX=/usr/bin/g++ DSAGEN_CACHE_DIR=/tmp/dsagen-cache
@@ -43,7 +43,9 @@ for s in $steps; do
     gpustore) python3 -m pytest -q -rs -m gpu tests/ -k "store" 2>&1 | tee $OUT/tests_gpu_store.log ;;
     storeprobe) (cd benchmarks && timeout ${PROBE_TIMEOUT:-200} python3 store_probe.py ${PROBE_N:-}) 2>&1 | tee $OUT/store_probe.log ;;
     storetime) tn=${STORE_TUNINGS:-"'{}'"}
-      (cd benchmarks && eval "timeout ${PROBE_TIMEOUT:-300} python3 store_time.py ../${STORE_SPEC:-specs/fp8_e4m3_page64.yaml} $tn") 2>&1 | tee $OUT/store_time.log ;;
+      for sp in ${STORE_SPECS:-specs/fp8_e4m3_page64.yaml}; do
+        (cd benchmarks && eval "timeout ${PROBE_TIMEOUT:-300} python3 store_time.py ../$sp $tn") 2>&1 | tee $OUT/store_time_$(basename $sp .yaml).log
+      done ;;
     dataprobe) (cd benchmarks && timeout ${PROBE_TIMEOUT:-200} python3 data_probe.py ${PROBE_SHAPES:-}) 2>&1 | tee $OUT/data_probe.log ;;
     powerprobe) (cd benchmarks && timeout ${PROBE_TIMEOUT:-200} python3 power_probe.py ${POWER_SHAPE:-}) 2>&1 | tee $OUT/power_probe.log ;;
     launchprobe) (cd benchmarks && timeout 200 python3 launch_probe.py) 2>&1 | tee $OUT/launch_probe.log ;;

@@ -315,10 +315,16 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     whole pages), else 16 (1- to 4-byte vectors: keys at a 132-byte token stride, e2m1 chunks; at 4
     lanes their stores touched each 32-byte sector twice and N=65536 took 26.7-27.3 us against
     18.5-19.1 us at 16; e2m1's 4 scale blocks per lane cost 1.8 us at N<=128).
-    ``store_prefetch``: each token's first scale-writing lane issues an L2 prefetch of its scale
-    address, so that the later 4-byte (partial-sector) scale write finds the sector in the L2:
-    ``"load"`` (or True) right after the step's loads, ``"use"`` when the step is converted;
-    False (default) none. Quantized specs only (a no-op otherwise).
+    ``store_prefetch``: in calls of at least ``store_prefetch_min_n`` tokens (default 4096), each
+    token's first scale-writing lane issues an L2 prefetch of its scale address, so that the
+    4-byte (partial-sector) scale write finds the sector in the L2: ``"use"`` (or True) when
+    the step is converted, ``"load"`` right after the step's loads (it stalls the thread until
+    the slots arrive: H200, fp8 N=65536 whole pages 11.5 -> 13.0 us); False none. Default
+    ``"use"`` for quantized keys whose scales sit apart from the key bytes (``separate``, or
+    ``page_tail`` with more than one token per page), else False (a no-op without scales).
+    H200, fp8_e4m3_page64 (benchmarks/RESULTS.md, thirty-first session): N=65536 random slots
+    13.60-13.82 -> 12.86-12.96 us, whole pages 0.03-0.10 us slower, N=128 0.06 us slower
+    (hence the bound).
     ``loop``: how the math warpgroups of ``ws`` walk their tiles: ``request`` (per request, a
     plain loop over its tiles with the request's values set once: 239 instead of about 280
     instructions per tile and warp at fp8 next_n 2; H200, same process, B=128 ctx 32768 next_n 2:
@@ -400,17 +406,28 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "wregs": True, "loop": "request", "mma_ahead": ahead,
             "small": small, "small_tiles": 40,
             "store_passes": 1, "sched": True, "kv_evict_first": 0.5, "lean_loop": "unhinted",
-            "store_lanes": 4 if _store_vec(spec) >= 8 else 16, "store_prefetch": False}
+            "store_lanes": 4 if _store_vec(spec) >= 8 else 16,
+            # quantized keys whose scales sit apart from the key bytes (page tail of a
+            # multi-token page, or their own tensor): the scale sectors prefetched into the L2
+            # when a step is converted, for calls of 4096 tokens or more (H200, fp8_e4m3_page64,
+            # N=65536 random slots: 13.60-13.82 -> 12.86-12.96 us; whole pages 0.03-0.10 us
+            # slower, N=128 0.06 us slower unprefetched: hence the bound)
+            "store_prefetch": "use" if spec.quantized and (spec.separate_scales or (
+                spec.scale_placement == "page_tail" and spec.page_size > 1)) else False,
+            "store_prefetch_min_n": 4096}
 
 
 def _store_prefetch(tune: dict[str, Any]) -> str | bool:
-    """The ``store_prefetch`` tuning: False, ``"load"`` or ``"use"`` (True means ``"load"``);
-    ValueError otherwise."""
+    """The ``store_prefetch`` tuning: False, ``"load"`` or ``"use"`` (True means ``"use"``);
+    ValueError otherwise, or when ``store_prefetch_min_n`` is not an integer >= 0."""
     v = tune["store_prefetch"]
+    n = tune["store_prefetch_min_n"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"tuning store_prefetch_min_n={n!r}: must be an integer >= 0")
     if v is False or v is None:
         return False
     if v is True:
-        return "load"
+        return "use"
     if v in ("load", "use"):
         return v
     raise ValueError(f"tuning store_prefetch={v!r}: must be false, 'load' or 'use'")
@@ -699,6 +716,7 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "store_passes": int(tune["store_passes"]),
         "store_lanes": min(int(tune["store_lanes"]), spec.head_dim // 8),
         "store_prefetch": _store_prefetch(tune) if spec.quantized else False,
+        "store_prefetch_min_n": int(tune["store_prefetch_min_n"]),
         "wregs_max_n": _wregs_max_n(spec, tune),
         "ws_regs": _ws_regs(tune),
         "sched": bool(tune["sched"]),

@@ -180,6 +180,33 @@ def test_store_lanes_default_follows_the_key_vector(name, lanes):
     assert "kThreadsPerToken = 4 < kChunksPerToken" in render(narrow, {"store_lanes": 32})["store.cu"]
 
 
+@pytest.mark.parametrize("name, on", [("fp8_e4m3_page64", True), ("fp8_e4m3_ue8m0_page64", True),
+                                      ("fp4_e2m1_page64", True), ("fp8_e4m3_interleaved_page64", False),
+                                      ("fp8_e4m3_page1", False), ("bf16_page64", False)])
+def test_store_prefetch_tuning(name, on):
+    # default: the scale sectors prefetched when a step is converted, in calls of >= 4096 tokens,
+    # where the scales sit apart from the key bytes (page tail of a multi-token page, separate)
+    spec = dsagen.load_spec(SPECS[name])
+    assert default_tuning(spec)["store_prefetch"] == ("use" if on else False)
+    src = render(spec)["store.cu"]
+    assert ("if (n >= 4096) prefetch_scales(t, slot);" in src) == on
+    assert ("prefetch.global.L2" in src) == on
+    if not spec.quantized:    # nothing to prefetch: the tuning renders nothing
+        assert "prefetch" not in render(spec, {"store_prefetch": "use"})["store.cu"]
+        return
+    src = render(spec, {"store_prefetch": "load", "store_prefetch_min_n": 0})["store.cu"]
+    assert "if (n >= 0) prefetch_scales(t0, slot);" in src and "prefetch_scales(t, slot)" not in src
+    assert "if (n >= 4096) prefetch_scales(t, slot);" in render(spec, {"store_prefetch": True})["store.cu"]
+    assert "prefetch" not in render(spec, {"store_prefetch": False})["store.cu"]
+    sep = spec.with_(scale_placement="separate")
+    assert default_tuning(sep)["store_prefetch"] == "use"
+    assert "prefetch.global.L2 [%0];\" ::\"l\"(kv_scales + scale_offset" in render(sep)["store.cu"]
+    for bad in ({"store_prefetch": "early"}, {"store_prefetch": 1}, {"store_prefetch_min_n": -1},
+                {"store_prefetch_min_n": 2.5}, {"store_prefetch_min_n": True}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            render(spec, bad)
+
+
 @pytest.mark.parametrize("name", ["fp8_e4m3_page64", "fp8_e4m3_ue8m0_page64", "bf16_page64", "fp16_page64"])
 def test_math_loop_default(name):
     # the per-request math loop by default; the per-unit loop stays a tuning (it spilled less in

@@ -84,6 +84,35 @@ def test_cuda_store_equals_cpu_store(dsagen_spec, cuda_ops, gen, repro, k_dtype)
     assert torch.equal(got, on_cpu), f"{int((got != on_cpu).sum())} bytes differ {repro}"
 
 
+@pytest.mark.parametrize("slots", ["random", "pages"])
+def test_cuda_store_large_call_equals_cpu_store(dsagen_spec, cuda_ops, gen, repro, slots):
+    """A prefill-sized call: more tokens than one grid step of the store kernel holds, past the
+    ``store_prefetch_min_n`` bound (the scale-sector prefetch runs where the tuning has it)."""
+    spec = dsagen_spec
+    n = 100_000
+    num_pages = 2 * n // spec.page_size + 2
+    cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=gen, dtype=torch.uint8)
+    if slots == "random":
+        loc = torch.randperm(num_pages * spec.page_size, generator=gen)[:n]
+    else:   # whole pages in a random order, the last one partly
+        pages = torch.randperm(num_pages, generator=gen)[:(n + spec.page_size - 1) // spec.page_size]
+        loc = (pages[:, None] * spec.page_size + torch.arange(spec.page_size)).flatten()[:n]
+    k = random_keys(n, spec.head_dim, gen, "cpu")
+    scales = None if not spec.separate_scales else torch.randint(
+        0, 256, (num_pages, spec.scale_page_bytes), generator=gen, dtype=torch.uint8)
+    on_cpu = cache.clone()
+    cpu_scales = None if scales is None else scales.clone()
+    cuda_ops.store(k, on_cpu, loc, cpu_scales)
+    on_gpu = cache.cuda()
+    gpu_scales = None if scales is None else scales.cuda()
+    cuda_ops.store(k.cuda(), on_gpu, loc.cuda(), gpu_scales)
+    torch.cuda.synchronize()
+    got = on_gpu.cpu()
+    assert torch.equal(got, on_cpu), f"{int((got != on_cpu).sum())} bytes differ {repro}"
+    if scales is not None:
+        assert torch.equal(gpu_scales.cpu(), cpu_scales), f"kv_scales differ {repro}"
+
+
 @pytest.mark.parametrize("two_d", [False, True], ids=["ctx1d", "ctx2d"])
 def test_bitwise_identical_reruns_and_close_to_cpu(dsagen_spec, cuda_ops, gen, repro, two_d):
     spec = dsagen_spec
