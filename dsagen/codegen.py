@@ -320,11 +320,11 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     4-byte (partial-sector) scale write finds the sector in the L2: ``"use"`` (or True) when
     the step is converted, ``"load"`` right after the step's loads (it stalls the thread until
     the slots arrive: H200, fp8 N=65536 whole pages 11.5 -> 13.0 us); False none. Default
-    ``"use"`` for quantized keys whose scales sit apart from the key bytes (``separate``, or
-    ``page_tail`` with more than one token per page), else False (a no-op without scales).
-    H200, fp8_e4m3_page64 (benchmarks/RESULTS.md, thirty-first session): N=65536 random slots
-    13.60-13.82 -> 12.86-12.96 us, whole pages 0.03-0.10 us slower, N=128 0.06 us slower
-    (hence the bound).
+    ``"use"`` for 8-bit keys whose scales are in the page tail of a multi-token page, else
+    False (a no-op without scales). H200 (benchmarks/RESULTS.md, thirty-first session), N=65536
+    random slots: fp8_e4m3_page64 13.60-13.82 -> 12.86-13.02 us, fp8_e4m3_ue8m0_page64 13.92
+    -> 13.02; whole pages within 0.1 us; N=128 0.06 us slower when prefetched (hence the
+    bound); fp4_e2m1_page64 3.6-3.9 % slower (off). ``separate`` placement: not measured, off.
     ``loop``: how the math warpgroups of ``ws`` walk their tiles: ``request`` (per request, a
     plain loop over its tiles with the request's values set once: 239 instead of about 280
     instructions per tile and warp at fp8 next_n 2; H200, same process, B=128 ctx 32768 next_n 2:
@@ -407,13 +407,13 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "small": small, "small_tiles": 40,
             "store_passes": 1, "sched": True, "kv_evict_first": 0.5, "lean_loop": "unhinted",
             "store_lanes": 4 if _store_vec(spec) >= 8 else 16,
-            # quantized keys whose scales sit apart from the key bytes (page tail of a
-            # multi-token page, or their own tensor): the scale sectors prefetched into the L2
-            # when a step is converted, for calls of 4096 tokens or more (H200, fp8_e4m3_page64,
-            # N=65536 random slots: 13.60-13.82 -> 12.86-12.96 us; whole pages 0.03-0.10 us
-            # slower, N=128 0.06 us slower unprefetched: hence the bound)
-            "store_prefetch": "use" if spec.quantized and (spec.separate_scales or (
-                spec.scale_placement == "page_tail" and spec.page_size > 1)) else False,
+            # 8-bit keys with their scales in the page tail of a multi-token page: the scale
+            # sectors prefetched into the L2 when a step is converted, in calls of 4096 tokens
+            # or more (H200, N=65536 random slots: fp8_e4m3_page64 13.60-13.82 -> 12.86-13.02
+            # us, ue8m0 13.92 -> 13.02; whole pages within -0.1..+0.1 us; N=128 0.06 us slower
+            # when prefetched: hence the bound; e2m1 keys 3.6-3.9 % slower: off)
+            "store_prefetch": "use" if (spec.quantized and spec.key.bits == 8 and spec.page_size > 1
+                                        and spec.scale_placement == "page_tail") else False,
             "store_prefetch_min_n": 4096}
 
 
