@@ -317,7 +317,8 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     18.5-19.1 us at 16; e2m1's 4 scale blocks per lane cost 1.8 us at N<=128).
     ``store_prefetch``: in calls of at least ``store_prefetch_min_n`` tokens (default 4096), each
     token's first scale-writing lane issues an L2 prefetch of its scale address, so that the
-    4-byte (partial-sector) scale write finds the sector in the L2: ``"use"`` (or True) when
+    4-byte (partial-sector) scale write finds the sector in the L2 (a warp whose tokens go to
+    consecutive slots, as a prefill's whole pages do, fills its sectors and skips it): ``"use"`` (or True) when
     the step is converted, ``"load"`` right after the step's loads (it stalls the thread until
     the slots arrive: H200, fp8 N=65536 whole pages 11.5 -> 13.0 us); False none. Default
     ``"use"`` for 8-bit keys whose scales are in the page tail of a multi-token page, else
