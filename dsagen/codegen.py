@@ -317,15 +317,16 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     18.5-19.1 us at 16; e2m1's 4 scale blocks per lane cost 1.8 us at N<=128).
     ``store_prefetch``: in calls of at least ``store_prefetch_min_n`` tokens (default 4096), each
     token's first scale-writing lane issues an L2 prefetch of its scale address, so that the
-    4-byte (partial-sector) scale write finds the sector in the L2 (a warp whose tokens go to
-    consecutive slots, as a prefill's whole pages do, fills its sectors and skips it): ``"use"`` (or True) when
+    4-byte (partial-sector) scale write finds the sector in the L2: ``"use"`` (or True) when
     the step is converted, ``"load"`` right after the step's loads (it stalls the thread until
-    the slots arrive: H200, fp8 N=65536 whole pages 11.5 -> 13.0 us); False none. Default
-    ``"use"`` for 8-bit keys whose scales are in the page tail of a multi-token page, else
-    False (a no-op without scales). H200 (benchmarks/RESULTS.md, thirty-first session), N=65536
-    random slots: fp8_e4m3_page64 13.60-13.82 -> 12.86-13.02 us, fp8_e4m3_ue8m0_page64 13.92
-    -> 13.02; whole pages within 0.1 us; N=128 0.06 us slower when prefetched (hence the
-    bound); fp4_e2m1_page64 3.6-3.9 % slower (off). ``separate`` placement: not measured, off.
+    the slots arrive: H200, fp8 N=65536 whole pages 11.5 -> 13.0 us); False (default) none.
+    Quantized specs only (a no-op without scales). H200 (benchmarks/RESULTS.md, thirty-first
+    session), ``"use"``, N=65536: random slots fp8_e4m3_page64 13.60-13.82 -> 12.86-13.02 us and
+    fp8_e4m3_ue8m0_page64 13.92 -> 13.02 us (``store_time.py``; 13.5-13.7 -> 13.1 us in one
+    ``dsagen bench`` run), but whole pages, a prefill's pattern, 0.03-0.10 us slower there and
+    0.2-0.4 us in the bench run; fp4_e2m1_page64 3.6-3.9 % slower at both; a form that skipped
+    the prefetch for warps of consecutive slots was slower at both (12.13 against 11.49 us at
+    whole pages). So it stays off.
     ``loop``: how the math warpgroups of ``ws`` walk their tiles: ``request`` (per request, a
     plain loop over its tiles with the request's values set once: 239 instead of about 280
     instructions per tile and warp at fp8 next_n 2; H200, same process, B=128 ctx 32768 next_n 2:
@@ -408,13 +409,9 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "small": small, "small_tiles": 40,
             "store_passes": 1, "sched": True, "kv_evict_first": 0.5, "lean_loop": "unhinted",
             "store_lanes": 4 if _store_vec(spec) >= 8 else 16,
-            # 8-bit keys with their scales in the page tail of a multi-token page: the scale
-            # sectors prefetched into the L2 when a step is converted, in calls of 4096 tokens
-            # or more (H200, N=65536 random slots: fp8_e4m3_page64 13.60-13.82 -> 12.86-13.02
-            # us, ue8m0 13.92 -> 13.02; whole pages within -0.1..+0.1 us; N=128 0.06 us slower
-            # when prefetched: hence the bound; e2m1 keys 3.6-3.9 % slower: off)
-            "store_prefetch": "use" if (spec.quantized and spec.key.bits == 8 and spec.page_size > 1
-                                        and spec.scale_placement == "page_tail") else False,
+            # off: it speeds up random slots but slows whole pages, a prefill's pattern (see
+            # the docstring)
+            "store_prefetch": False,
             "store_prefetch_min_n": 4096}
 
 

@@ -183,21 +183,6 @@ store_kernel(const In* __restrict__ k, uint8_t* __restrict__ kv_cache,
   // token is < n (the shuffles need every lane)
   int64_t t = int64_t(blockIdx.x) * kTokensPerBlock + threadIdx.x / kThreadsPerToken;
   const int lead = (threadIdx.x & 31) / kThreadsPerToken;       // t minus the warp's first token
-  // each scale's 32-byte sector into the L2 once its slot is known, so that the 4-byte scale
-  // write finds it there (tuning store_prefetch: "load", right after the step's loads; "use",
-  // when the step is converted), in calls of at least store_prefetch_min_n tokens
-  // A warp whose tokens of a pass go to consecutive slots (a prefill's whole pages) writes runs
-  // of scales that fill their sectors: it prefetches nothing. (Called by whole warps.)
-  auto prefetch_scales = [&](int64_t t0, const int64_t (&slot)[kPasses]) {
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const bool mine = t0 + p * kTokensPerPass < n;
-      const int64_t first = __shfl_sync(0xffffffffu, slot[p], 0);
-      if (__all_sync(0xffffffffu, !mine || slot[p] == first + lead)) continue;
-      if (mine && sub % kScaleLanes == 0)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(kv_cache + scale_offset(slot[p])));
-    }
-  };
   // the keys and slots of this thread's tokens of the step starting at t0 (those < n)
   auto load_step = [&](int64_t t0, Raw<In> (&raw)[kPasses], int64_t (&slot)[kPasses]) {
 #pragma unroll
@@ -217,7 +202,6 @@ store_kernel(const In* __restrict__ k, uint8_t* __restrict__ kv_cache,
     Raw<In> next[kPasses];
     int64_t next_slot[kPasses];
     if (t - lead + stride < n) load_step(t + stride, next, next_slot);   // (the warp steps again)
-    if (n >= 4096) prefetch_scales(t, slot);
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int64_t tp = t + p * kTokensPerPass;
