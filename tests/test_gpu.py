@@ -84,33 +84,52 @@ def test_cuda_store_equals_cpu_store(dsagen_spec, cuda_ops, gen, repro, k_dtype)
     assert torch.equal(got, on_cpu), f"{int((got != on_cpu).sum())} bytes differ {repro}"
 
 
-@pytest.mark.parametrize("slots", ["random", "pages"])
-def test_cuda_store_large_call_equals_cpu_store(dsagen_spec, cuda_ops, gen, repro, slots):
-    """A prefill-sized call: more tokens than one grid step of the store kernel holds, past the
-    ``store_prefetch_min_n`` bound (the scale-sector prefetch runs where the tuning has it)."""
-    spec = dsagen_spec
-    n = 100_000
+def _store_slots(spec, n, slots, gen):
+    """``n`` distinct slots of a pool of about ``2n`` tokens: random, or whole pages in a random
+    order (the last one partly), as a prefill writes them. Returns (num_pages, loc)."""
     num_pages = 2 * n // spec.page_size + 2
-    cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=gen, dtype=torch.uint8)
     if slots == "random":
-        loc = torch.randperm(num_pages * spec.page_size, generator=gen)[:n]
-    else:   # whole pages in a random order, the last one partly
-        pages = torch.randperm(num_pages, generator=gen)[:(n + spec.page_size - 1) // spec.page_size]
-        loc = (pages[:, None] * spec.page_size + torch.arange(spec.page_size)).flatten()[:n]
+        return num_pages, torch.randperm(num_pages * spec.page_size, generator=gen)[:n]
+    pages = torch.randperm(num_pages, generator=gen)[:(n + spec.page_size - 1) // spec.page_size]
+    return num_pages, (pages[:, None] * spec.page_size + torch.arange(spec.page_size)).flatten()[:n]
+
+
+def _store_both(spec, ops, n, slots, gen, repro):
+    """Store the same random bf16 keys into the same poisoned (random-byte) cache on the CPU and
+    on CUDA; every byte must agree (the CPU store follows the reference's quantization)."""
+    num_pages, loc = _store_slots(spec, n, slots, gen)
+    cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=gen, dtype=torch.uint8)
     k = random_keys(n, spec.head_dim, gen, "cpu")
-    scales = None if not spec.separate_scales else torch.randint(
-        0, 256, (num_pages, spec.scale_page_bytes), generator=gen, dtype=torch.uint8)
     on_cpu = cache.clone()
-    cpu_scales = None if scales is None else scales.clone()
-    cuda_ops.store(k, on_cpu, loc, cpu_scales)
+    ops.store(k, on_cpu, loc)
     on_gpu = cache.cuda()
-    gpu_scales = None if scales is None else scales.cuda()
-    cuda_ops.store(k.cuda(), on_gpu, loc.cuda(), gpu_scales)
+    ops.store(k.cuda(), on_gpu, loc.cuda())
     torch.cuda.synchronize()
     got = on_gpu.cpu()
-    assert torch.equal(got, on_cpu), f"{int((got != on_cpu).sum())} bytes differ {repro}"
-    if scales is not None:
-        assert torch.equal(gpu_scales.cpu(), cpu_scales), f"kv_scales differ {repro}"
+    assert torch.equal(got, on_cpu), f"n={n} {slots}: {int((got != on_cpu).sum())} bytes differ {repro}"
+
+
+@pytest.mark.parametrize("slots", ["random", "pages"])
+def test_cuda_store_large_call_equals_cpu_store(dsagen_spec, cuda_ops, gen, repro, slots):
+    """A prefill-sized call (100000 tokens): more than one grid step of the store kernel."""
+    _store_both(dsagen_spec, cuda_ops, 100_000, slots, gen, repro)
+
+
+@pytest.mark.parametrize("mode", ["use", "load"])
+def test_store_prefetch_tuning_equals_cpu_store(shipped, gen, repro, mode):
+    """The ``store_prefetch`` tuning (off by default) only moves the scale sectors into the L2
+    earlier: fp8_e4m3_page64 built with it (bound 0, so every call prefetches) stores the same
+    bytes as the CPU store, for a decode-sized and a prefill-sized call, at both slot patterns."""
+    import dsagen
+    from dsagen.ops import cuda_archs
+    spec = shipped["fp8_e4m3_page64"]
+    if not cuda_archs(spec):
+        pytest.skip("the device matches none of the spec's targets")
+    ops = dsagen.load(spec, tuning={"store_prefetch": mode, "store_prefetch_min_n": 0}, with_cuda=True)
+    assert ops.has_cuda
+    for n in (100, 100_000):
+        for slots in ("random", "pages"):
+            _store_both(spec, ops, n, slots, gen, repro)
 
 
 @pytest.mark.parametrize("two_d", [False, True], ids=["ctx1d", "ctx2d"])
