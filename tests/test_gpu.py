@@ -67,23 +67,6 @@ def test_verify_cuda(dsagen_spec, any_cuda_ops, seed, repro):
         assert bool(has) == (expected and ws_stages(spec, next_n, ops.tuning) > 0), (next_n, rep.table())
 
 
-@pytest.mark.parametrize("k_dtype", [torch.bfloat16, torch.float32, torch.float16], ids=str)
-def test_cuda_store_equals_cpu_store(dsagen_spec, cuda_ops, gen, repro, k_dtype):
-    spec = dsagen_spec
-    n = 5000
-    num_pages = 2 * n // spec.page_size + 2
-    cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=gen, dtype=torch.uint8)
-    loc = torch.randperm(num_pages * spec.page_size, generator=gen)[:n]
-    k = random_keys(n, spec.head_dim, gen, "cpu", dtype=k_dtype)
-    on_cpu = cache.clone()
-    cuda_ops.store(k, on_cpu, loc)
-    on_gpu = cache.cuda()
-    cuda_ops.store(k.cuda(), on_gpu, loc.cuda())
-    torch.cuda.synchronize()
-    got = on_gpu.cpu()
-    assert torch.equal(got, on_cpu), f"{int((got != on_cpu).sum())} bytes differ {repro}"
-
-
 def _store_slots(spec, n, slots, gen):
     """``n`` distinct slots of a pool of about ``2n`` tokens: random, or whole pages in a random
     order (the last one partly), as a prefill writes them. Returns (num_pages, loc)."""
@@ -94,12 +77,12 @@ def _store_slots(spec, n, slots, gen):
     return num_pages, (pages[:, None] * spec.page_size + torch.arange(spec.page_size)).flatten()[:n]
 
 
-def _store_both(spec, ops, n, slots, gen, repro):
-    """Store the same random bf16 keys into the same poisoned (random-byte) cache on the CPU and
-    on CUDA; every byte must agree (the CPU store follows the reference's quantization)."""
+def _store_both(spec, ops, n, slots, gen, repro, k_dtype=torch.bfloat16):
+    """Store the same random keys (``k_dtype``) into the same poisoned (random-byte) cache on the
+    CPU and on CUDA; every byte must agree (the CPU store follows the reference's quantization)."""
     num_pages, loc = _store_slots(spec, n, slots, gen)
     cache = torch.randint(0, 256, (num_pages, spec.page_bytes), generator=gen, dtype=torch.uint8)
-    k = random_keys(n, spec.head_dim, gen, "cpu")
+    k = random_keys(n, spec.head_dim, gen, "cpu", dtype=k_dtype)
     on_cpu = cache.clone()
     ops.store(k, on_cpu, loc)
     on_gpu = cache.cuda()
@@ -107,6 +90,11 @@ def _store_both(spec, ops, n, slots, gen, repro):
     torch.cuda.synchronize()
     got = on_gpu.cpu()
     assert torch.equal(got, on_cpu), f"n={n} {slots}: {int((got != on_cpu).sum())} bytes differ {repro}"
+
+
+@pytest.mark.parametrize("k_dtype", [torch.bfloat16, torch.float32, torch.float16], ids=str)
+def test_cuda_store_equals_cpu_store(dsagen_spec, cuda_ops, gen, repro, k_dtype):
+    _store_both(dsagen_spec, cuda_ops, 5000, "random", gen, repro, k_dtype)
 
 
 @pytest.mark.parametrize("slots", ["random", "pages"])
