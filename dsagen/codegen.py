@@ -321,12 +321,13 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     the step is converted, ``"load"`` right after the step's loads (it stalls the thread until
     the slots arrive: H200, fp8 N=65536 whole pages 11.5 -> 13.0 us); False (default) none.
     Quantized specs only (a no-op without scales). H200 (benchmarks/RESULTS.md, thirty-first
-    session), ``"use"``, N=65536: random slots fp8_e4m3_page64 13.60-13.82 -> 12.86-13.02 us and
-    fp8_e4m3_ue8m0_page64 13.92 -> 13.02 us (``store_time.py``, interleaved; 13.5-13.7 -> 13.1
-    us in one ``dsagen bench`` run, across leases), but whole pages, a prefill's pattern,
-    0.0-0.1 us slower there and 0.2-0.4 us in that bench run; fp4_e2m1_page64 3.6-3.9 % slower at both; a form that skipped
-    the prefetch for warps of consecutive slots was slower at both (12.13 against 11.49 us at
-    whole pages). So it stays off.
+    session), ``"use"``, N=65536: random slots fp8_e4m3_page64 13.57-13.79 -> 12.80-13.02 us and
+    fp8_e4m3_ue8m0_page64 13.63-13.92 -> 12.80-13.02 us (``store_time.py``, interleaved, three /
+    two leases; 13.5-13.7 -> 13.1 us in one ``dsagen bench`` run, across leases), but whole
+    pages, a prefill's pattern, 0.0-0.1 us slower there and 0.2-0.4 us in that bench run;
+    fp4_e2m1_page64 3.6-3.9 % slower at both. A form that skipped the prefetch for warps of
+    consecutive slots was within 0.03 us of no prefetch at random slots and slower at whole
+    pages (12.13 against 11.49 us). So it stays off.
     ``loop``: how the math warpgroups of ``ws`` walk their tiles: ``request`` (per request, a
     plain loop over its tiles with the request's values set once: 239 instead of about 280
     instructions per tile and warp at fp8 next_n 2; H200, same process, B=128 ctx 32768 next_n 2:
