@@ -317,11 +317,11 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     18.5-19.1 us at 16; e2m1's 4 scale blocks per lane cost 1.8 us at N<=128).
     ``store_prefetch``: in calls of at least ``store_prefetch_min_n`` tokens (default 4096), each
     token's first scale-writing lane issues an L2 prefetch of its scale address, so that the
-    4-byte (partial-sector) scale write finds the sector in the L2: ``"use"`` (or True) when
-    the step is converted, ``"load"`` right after the step's loads (it stalls the thread until
-    the slots arrive: H200, fp8 N=65536 whole pages 11.5 -> 13.0 us); False (default) none.
-    Quantized specs only (a no-op without scales). H200 (benchmarks/RESULTS.md, thirty-first
-    session), ``"use"``, N=65536: random slots fp8_e4m3_page64 13.57-13.79 -> 12.80-13.02 us and
+    4-byte (partial-sector) scale write finds the sector in the L2; issued when a step is
+    converted (True; False, the default: none). Quantized specs only (a no-op without scales).
+    Issued right after the step's loads instead, it stalled the thread until the slots arrived
+    (H200, fp8 N=65536 whole pages 11.5 -> 13.0 us; that form was dropped). H200
+    (benchmarks/RESULTS.md, thirty-first session), N=65536: random slots fp8_e4m3_page64 13.57-13.79 -> 12.80-13.02 us and
     fp8_e4m3_ue8m0_page64 13.63-13.92 -> 12.80-13.02 us (``store_time.py``, interleaved, three /
     two leases; 13.5-13.7 -> 13.1 us in one ``dsagen bench`` run, across leases), but whole
     pages, a prefill's pattern, 0.0-0.1 us slower there and 0.2-0.4 us in that bench run;
@@ -416,20 +416,16 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "store_prefetch_min_n": 4096}
 
 
-def _store_prefetch(tune: dict[str, Any]) -> str | bool:
-    """The ``store_prefetch`` tuning: False, ``"load"`` or ``"use"`` (True means ``"use"``);
-    ValueError otherwise, or when ``store_prefetch_min_n`` is not an integer >= 0."""
+def _store_prefetch(tune: dict[str, Any]) -> bool:
+    """The ``store_prefetch`` tuning (a bool); ValueError otherwise, or when
+    ``store_prefetch_min_n`` is not an integer >= 0."""
     v = tune["store_prefetch"]
     n = tune["store_prefetch_min_n"]
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"tuning store_prefetch_min_n={n!r}: must be an integer >= 0")
-    if v is False or v is None:
-        return False
-    if v is True:
-        return "use"
-    if v in ("load", "use"):
-        return v
-    raise ValueError(f"tuning store_prefetch={v!r}: must be false, 'load' or 'use'")
+    if not isinstance(v, bool):
+        raise ValueError(f"tuning store_prefetch={v!r}: must be true or false")
+    return v
 
 
 def _store_vec(spec: Spec) -> int:

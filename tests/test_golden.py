@@ -183,23 +183,22 @@ def test_store_lanes_default_follows_the_key_vector(name, lanes):
 @pytest.mark.parametrize("name", ["fp8_e4m3_page64", "fp8_e4m3_ue8m0_page64", "fp4_e2m1_page64",
                                   "fp8_e4m3_interleaved_page64", "fp8_e4m3_page1", "bf16_page64"])
 def test_store_prefetch_tuning(name):
-    # off by default (it slowed whole pages on the H200); "use": the scale sectors prefetched
-    # when a step is converted, in calls of >= 4096 tokens; "load": after the step's loads
+    # off by default (it slowed whole pages on the H200); on: the scale sectors prefetched when a
+    # step is converted, in calls of >= 4096 tokens
     spec = dsagen.load_spec(SPECS[name])
     assert default_tuning(spec)["store_prefetch"] is False
     assert "prefetch" not in render(spec)["store.cu"]
-    src = render(spec, {"store_prefetch": "use"})["store.cu"]
+    src = render(spec, {"store_prefetch": True})["store.cu"]
     assert ("if (n >= 4096) prefetch_scales(t, slot);" in src) == spec.quantized
     if not spec.quantized:    # nothing to prefetch: the tuning renders nothing
-        assert "prefetch" not in render(spec, {"store_prefetch": "use"})["store.cu"]
+        assert "prefetch" not in src
         return
-    src = render(spec, {"store_prefetch": "load", "store_prefetch_min_n": 0})["store.cu"]
-    assert "if (n >= 0) prefetch_scales(t0, slot);" in src and "prefetch_scales(t, slot)" not in src
-    assert "if (n >= 4096) prefetch_scales(t, slot);" in render(spec, {"store_prefetch": True})["store.cu"]
+    src = render(spec, {"store_prefetch": True, "store_prefetch_min_n": 0})["store.cu"]
+    assert "if (n >= 0) prefetch_scales(t, slot);" in src and src.count("prefetch_scales(") == 1
     assert "prefetch" not in render(spec, {"store_prefetch": False})["store.cu"]
     sep = spec.with_(scale_placement="separate")       # the scales' own tensor
-    assert "prefetch.global.L2 [%0];\" ::\"l\"(kv_scales + scale_offset" in render(sep, {"store_prefetch": "use"})["store.cu"]
-    for bad in ({"store_prefetch": "early"}, {"store_prefetch": 1}, {"store_prefetch_min_n": -1},
+    assert "prefetch.global.L2 [%0];\" ::\"l\"(kv_scales + scale_offset" in render(sep, {"store_prefetch": True})["store.cu"]
+    for bad in ({"store_prefetch": "use"}, {"store_prefetch": 1}, {"store_prefetch_min_n": -1},
                 {"store_prefetch_min_n": 2.5}, {"store_prefetch_min_n": True}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             render(spec, bad)

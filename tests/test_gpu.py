@@ -103,8 +103,7 @@ def test_cuda_store_large_call_equals_cpu_store(dsagen_spec, cuda_ops, gen, repr
     _store_both(dsagen_spec, cuda_ops, 100_000, slots, gen, repro)
 
 
-@pytest.mark.parametrize("mode", ["use", "load"])
-def test_store_prefetch_tuning_equals_cpu_store(shipped, gen, repro, mode):
+def test_store_prefetch_tuning_equals_cpu_store(shipped, gen, repro):
     """The ``store_prefetch`` tuning (off by default) only moves the scale sectors into the L2
     earlier: fp8_e4m3_page64 built with it (bound 0, so every call prefetches) stores the same
     bytes as the CPU store, for a decode-sized and a prefill-sized call, at both slot patterns."""
@@ -113,7 +112,7 @@ def test_store_prefetch_tuning_equals_cpu_store(shipped, gen, repro, mode):
     spec = shipped["fp8_e4m3_page64"]
     if not cuda_archs(spec):
         pytest.skip("the device matches none of the spec's targets")
-    ops = dsagen.load(spec, tuning={"store_prefetch": mode, "store_prefetch_min_n": 0}, with_cuda=True)
+    ops = dsagen.load(spec, tuning={"store_prefetch": True, "store_prefetch_min_n": 0}, with_cuda=True)
     assert ops.has_cuda
     for n in (100, 100_000):
         for slots in ("random", "pages"):
