@@ -67,9 +67,7 @@ def main():
         max_len = sets[0]["max_context_len"]
         args = [(s["q"], s["kv_cache"], s["weights"], s["context_lens"], s["block_table"]) for s in sets]
         scheds = [ops.paged_logits_schedule(s["context_lens"], s["block_table"], nn, max_len) for s in sets]
-
-        def fa(k):
-            return ops.paged_logits(*args[k], max_len, True, schedule=scheds[k])
+        fa, _ = Bm._scheduled_calls(ops, args, [{}] * n, scheds, max_len)    # as the bench calls it
         fb, note, clean = Bm._deepgemm_caller(dg, sets, nn, max_len, dev)
         # dsagen's visible logits against DeepGEMM's (a sanity check, not a test)
         mask = torch.isfinite(fa(0))
