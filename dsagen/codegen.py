@@ -108,6 +108,27 @@ def uses_wgmma(spec: Spec) -> bool:
             and spec.key_align >= 4)
 
 
+def uses_e2m1_mma(spec: Spec) -> bool:
+    """Whether the sm_90a tensor-core kernel for FP4 keys (``paged_logits_e2m1``: each thread
+    dequantizes its keys into the A registers of a bf16 WGMMA) applies: e2m1 keys of head_dim 128
+    with one ue8m0 byte per 32 elements, the token's 4 bytes contiguous in kv_cache, bf16 q,
+    64-token tiles inside a page and 16-byte aligned key rows."""
+    lay = spec.layout
+    return (spec.key_dtype == "e2m1" and spec.scale_dtype == "ue8m0" and spec.scale_block == 32
+            and spec.head_dim == 128 and not spec.separate_scales and spec.query.name == "bf16"
+            and spec.page_size % 64 == 0 and spec.num_heads % 8 == 0 and spec.num_heads <= 256
+            and lay.key_token_stride % 16 == 0 and lay.page_stride % 16 == 0 and spec.key_align >= 16
+            and lay.scale_token_stride == 4 and lay.scale_base % 4 == 0)
+
+
+def e2m1_smem_bytes(spec: Spec, next_n: int, stages: int) -> int:
+    """Dynamic shared memory of ``paged_logits_e2m1`` (``e2m1_smem_bytes`` in paged_logits.cu):
+    alignment slack, two bf16 q buffers, ``stages`` packed key tiles and their scale words, two
+    weight buffers."""
+    n = next_n * spec.num_heads
+    return 1024 + 2 * n * 2 * spec.head_dim + stages * (64 * spec.key_bytes_per_token + 64 * 4) + 2 * n * 4
+
+
 def wgmma_smem_bytes(spec: Spec, next_n: int, stages: int) -> int:
     """Dynamic shared memory of the sm_90a kernel (``wgmma_smem_bytes`` in paged_logits.cu):
     alignment slack, key tiles, two q buffers, tile scales, two weight buffers."""
@@ -223,9 +244,14 @@ def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None 
     """Whether paged logits of ``spec`` at ``next_n`` run on a tensor-core (WGMMA) kernel on an
     sm_90 device (with 16-byte aligned q, weights and kv_cache, as every fresh allocation is):
     the layout allows it, the tuning selects it (``ws`` or ``wgmma``) and its shared memory fits
-    in 227 KiB; otherwise the CUDA-core kernel runs."""
+    in 227 KiB; otherwise the CUDA-core kernel runs. For FP4 keys (:func:`uses_e2m1_mma`) that
+    kernel is ``paged_logits_e2m1``, reported as ``"wgmma"``."""
     tune = effective_tuning(spec, tuning)
-    if not uses_wgmma(spec) or tune["kernel"] not in ("ws", "wgmma"):
+    if tune["kernel"] not in ("ws", "wgmma"):
+        return False
+    if uses_e2m1_mma(spec):
+        return e2m1_smem_bytes(spec, next_n, int(tune["stages"])) <= MAX_SMEM_BYTES
+    if not uses_wgmma(spec):
         return False
     return (ws_stages(spec, next_n, tune) > 0
             or wgmma_smem_bytes(spec, next_n, int(tune["stages"])) <= MAX_SMEM_BYTES)
@@ -400,6 +426,9 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     # and B=8 ctx 32768 likewise; at 62 tiles per SM next_n 2 was 1.8 % slower)
     small = ({"math_wgs": 2, "maxnreg": 232, "ws_stages": 4}
              if spec.key.bits == 8 and spec.num_heads <= 64 and uses_ws(spec) else {})
+    # FP4 keys (paged_logits_e2m1) also take 2 stages: on the H200 (2026-12-04) 2 stages were
+    # faster than 3, 4 and 6 at every measured shape (B=128 ctx 32768: 261.2 us next_n 1 and
+    # 373.0 us next_n 2, vs 274.5 and 389.6 us with 6 stages)
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": 0,
             "kernel": "ws" if uses_ws(spec) else "wgmma",
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 heads
@@ -702,6 +731,8 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "ws_smem": {nn: ws_smem_bytes(spec, nn, int(tune["math_wgs"]), ws_stages(spec, nn, tune))
                     for nn in spec.next_n},
         "wgmma_smem": {nn: wgmma_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
+        "e2m1_mma": uses_e2m1_mma(spec) and tune["kernel"] in ("ws", "wgmma"),
+        "e2m1_smem": {nn: e2m1_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
         "stages": int(tune["stages"]),
         "promote": _promote_steps(spec, tune),
         "fuse": _fuse_max_n(spec, tune) > 0,

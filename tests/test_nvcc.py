@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from dsagen.codegen import (CUDA_SOURCES, default_tuning, render, uses_wgmma, uses_ws, wgmma_kernel_applies, wgmma_smem_bytes,
-                            ws_smem_bytes, ws_stages)
+from dsagen.codegen import (CUDA_SOURCES, default_tuning, e2m1_smem_bytes, render, uses_e2m1_mma, uses_wgmma, uses_ws,
+                            wgmma_kernel_applies, wgmma_smem_bytes, ws_smem_bytes, ws_stages)
 from dsagen.jit import nvcc_compile_only
 
 pytestmark = pytest.mark.nvcc
@@ -111,7 +111,14 @@ def test_wgmma_kernel_applies(shipped):
     fp8 = shipped["fp8_e4m3_page64"]
     assert wgmma_kernel_applies(fp8, 2) and wgmma_kernel_applies(shipped["fp8_e4m3_page1"], 1)
     assert not wgmma_kernel_applies(fp8, 2, {"kernel": "simt"})
-    assert not wgmma_kernel_applies(shipped["fp4_e2m1_page64"], 1)
+    # FP4 keys: paged_logits_e2m1 (bf16 WGMMA from dequantized registers) where the layout allows
+    fp4 = shipped["fp4_e2m1_page64"]
+    assert not uses_wgmma(fp4) and uses_e2m1_mma(fp4)
+    assert wgmma_kernel_applies(fp4, 1) and wgmma_kernel_applies(fp4, 2)
+    assert not wgmma_kernel_applies(fp4, 1, {"kernel": "simt"})
+    assert not uses_e2m1_mma(fp4.with_(scale_placement="separate"))
+    assert not uses_e2m1_mma(fp4.with_(head_dim=32, scale_block=32))
+    assert e2m1_smem_bytes(fp4, 2, 6) == 1024 + 2 * 128 * 256 + 6 * (64 * 68) + 2 * 128 * 4
     # scales in their own tensor: the WGMMA kernel reads them from kv_cache, so never it
     assert not uses_wgmma(fp8.with_(scale_placement="separate"))
     assert not wgmma_kernel_applies(fp8.with_(scale_placement="separate"), 1)

@@ -12,6 +12,8 @@
 //    same WGMMA tile math. In both, the schedule (which tiles a CTA owns) is computed on the
 //    device from context_lens: no host sync. paged_logits_ws can instead start from a schedule
 //    precomputed once per decode step by paged_logits_ws_schedule (launch_paged_logits_schedule).
+//  * paged_logits_e2m1 (sm_90a, FP4 keys): the persistent cp.async kernel's structure, each
+//    thread dequantizing its keys into the A registers of a bf16 WGMMA (paged_logits_e2m1.cu.jinja).
 //  * paged_logits_simt: portable CUDA-core path (sm_100a and any other device).
 // and ragged_logits_simt: prefill logits over contiguous keys (DeepGEMM fp8_mqa_logits
 // semantics), a portable CUDA-core kernel on every device.
@@ -23,6 +25,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <type_traits>
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90_gmma_ext.hpp>
 
 #include "layout.h"
 
@@ -218,6 +223,555 @@ ragged_logits_simt(const QT* __restrict__ q, const uint8_t* __restrict__ k, cons
   }
 }
 
+// ------------------------------------------------------------------------------------------
+// sm_90a kernel
+// ------------------------------------------------------------------------------------------
+constexpr int kStages = 2;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// v through a register the compiler front end cannot see into: a value set up before a loop
+// stays in its register instead of being rebuilt from its parts in every iteration, which the
+// math loops otherwise did (ptxas may still rematerialize; the SASS decides).
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(v));
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ T* opaque(T* v) {
+  asm volatile("mov.b64 %0, %0;\n" : "+l"(v));
+  return v;
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait_dyn(int pending) {
+  // wait until at most `pending` groups are outstanding
+  if (pending <= 0) cp_async_wait<0>();
+  else if (pending == 1) cp_async_wait<1>();
+  else cp_async_wait<1>();
+}
+
+// The first 1024-byte aligned byte of the dynamic shared memory (offset from the array itself,
+// not through an integer, so the compiler still knows every access is to shared memory: LDS
+// instead of generic loads).
+__device__ __forceinline__ uint8_t* smem_align1024(uint8_t* smem_raw) {
+  return smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+}
+
+// Byte offset of (row, 16-byte chunk) inside a K-major tile of `rows` rows, 128B-swizzled in
+// atoms of 8 rows x 128 bytes (the layout WGMMA's SWIZZLE_128B descriptors expect).
+__device__ __forceinline__ uint32_t swz(int rows, int row, int chunk) {
+  const int atom = chunk >> 3, c = chunk & 7;
+  return uint32_t(atom * rows * 128 + row * 128 + ((c ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = uint16_t(addr >> 4);
+  d.bitfield.leading_byte_offset_ = 1;                  // unused for swizzled K-major
+  d.bitfield.stride_byte_offset_ = 1024 >> 4;           // 8 rows x 128 B
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = uint8_t(cute::SM90::GMMA::LayoutType::B128);
+  return d.desc_;
+}
+
+// The descriptor of the operand `bytes` past the one of `desc` (bytes a multiple of 16): only the
+// start address field (bits 0-13, address / 16) changes, and shared-memory addresses stay below
+// 256 KB, so one 32-bit add of the low word (the high word is the same constant for every
+// operand) instead of rebuilding the descriptor from the address.
+__device__ __forceinline__ uint64_t gmma_desc_add(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xffffffff00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
+}
+// An operand given by its WGMMA descriptor (built once before a tile loop, then moved on with
+// gmma_desc_add) where the WGMMA helpers below take a shared-memory address: the loop then
+// adds the stage offset to the descriptor instead of rebuilding it from the address.
+struct SmemDesc {
+  uint64_t d;
+};
+__device__ __forceinline__ uint64_t gmma_desc(SmemDesc x) { return x.d; }
+
+
+// Walks the (request, unit) schedule in order; a unit is kUnit tokens of one request.
+template <int NEXT_N, int kUnit>
+struct Cursor {
+  int b, unit, len;
+  __device__ __forceinline__ void advance(const int* context_lens, bool ctx_2d, int batch, int max_len) {
+    if (++unit * kUnit >= len) {
+      unit = 0;
+      do {
+        ++b;
+        len = b < batch ? request_len<NEXT_N>(context_lens, ctx_2d, b, max_len) : 1;
+      } while (len == 0);
+    }
+  }
+};
+
+// Device-side schedule of a persistent grid: split sum_b ceil(len_b / kUnit) units evenly over
+// the grid. This CTA owns units [lo, hi) of the concatenation of all requests; the first one is
+// unit `*first_unit` of request `*first_b`. Block-wide inclusive scan of per-request unit counts,
+// kThreads requests per chunk: one pass when batch <= kThreads (the common decode case), a
+// second pass finds the start otherwise. Every thread of the CTA must call it.
+template <int NEXT_N, int kUnit, int kThreads>
+__device__ __forceinline__ void schedule(const int* context_lens, bool ctx_2d, int batch, int max_len,
+                                         int& lo, int& hi, int& first_b, int& first_unit) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ int s_warp[kWarps];
+  __shared__ int s_sched[2];
+  const int tid = threadIdx.x;
+  const int64_t grid = gridDim.x;
+  lo = 0;
+  hi = 0;
+  if (tid == 0) { s_sched[0] = batch; s_sched[1] = 0; }
+  for (int pass = 0; pass < 2; ++pass) {
+    int prefix = 0;
+    for (int base = 0; base < batch; base += kThreads) {
+      const int b = base + tid;
+      const int t = b < batch ? (request_len<NEXT_N>(context_lens, ctx_2d, b, max_len) + kUnit - 1) / kUnit : 0;
+      int x = t;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if ((tid & 31) >= o) x += y;
+      }
+      if ((tid & 31) == 31) s_warp[tid >> 5] = x;
+      __syncthreads();
+      DSAGEN_MARK(9, tid == 0 && pass == 0 && base == 0);   // (timeline: every warp's context_lens back)
+      int before = 0, chunk_total = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        before += (w < (tid >> 5)) ? s_warp[w] : 0;
+        chunk_total += s_warp[w];
+      }
+      __syncthreads();
+      const int excl = prefix + before + x - t;
+      prefix += chunk_total;
+      if (pass == 0 && base + kThreads >= batch) {      // total known: this CTA's share
+        lo = int(int64_t(prefix) * blockIdx.x / grid);
+        hi = int(int64_t(prefix) * (blockIdx.x + 1) / grid);
+      }
+      DSAGEN_MARK(10, tid == 0 && pass == 0 && base == 0);  // (timeline: this CTA's share known)
+      if ((pass == 1 || batch <= kThreads) && t > 0 && lo >= excl && lo < excl + t) {
+        s_sched[0] = b;
+        s_sched[1] = lo - excl;
+      }
+      if (pass == 1 && prefix > lo) break;
+    }
+    if (batch <= kThreads || lo >= hi) break;
+  }
+  __syncthreads();
+  first_b = s_sched[0];
+  first_unit = s_sched[1];
+}
+
+// -inf in the logits columns past each request's last 64-token tile (no tile writes them):
+// rows strided over the grid, columns over `nthreads` threads numbered from `t`.
+template <int NEXT_N>
+__device__ __forceinline__ void fill_tail(const int* context_lens, bool ctx_2d, int batch, int max_len,
+                                          float* logits, int64_t max_context_len, int t, int nthreads) {
+  for (int64_t r = blockIdx.x; r < int64_t(batch) * NEXT_N; r += gridDim.x) {
+    const int b = int(r / NEXT_N);
+    const int64_t from = int64_t((request_len<NEXT_N>(context_lens, ctx_2d, b, max_len) + kTile - 1) / kTile) * kTile;
+    float* out = logits + r * max_context_len;
+    for (int64_t j = from + t; j < max_context_len; j += nthreads) out[j] = kNegInf;
+  }
+}
+
+// relu * w summed over the R heads of one WGMMA accumulator chain `a` (R / 2 values:
+// a[4j + {0,1}] = key r0, heads 8j + 2*quad + {0,1} of the chain; a[4j + {2,3}] = key r0 + 8,
+// same heads) into four independent partial sums s[0..3] (a[4j + c] goes to s[c]), `wq` = the
+// chain's first weight of the thread. relu(x) * w is accumulated as (x + |x|) * w, twice the
+// value (an FADD with an absolute-value operand on the FMA pipe instead of a float max on the
+// busier ALU pipe); the 1/2 is taken back in the weights (`wregs`: they are held halved) or with
+// the key scale in store_logits. Exactly twice for finite x below 2^127 whose products and sums
+// stay normal; unlike relu, an infinite dot product gives NaN for -inf, and with the weights in
+// shared memory the doubled sums overflow from 2^127 on (inputs no fp8 / bf16 key and query
+// produce).
+// The weights of head pair j are wq[j * S], wq[j * S + 1]: S = 8 in shared memory (sw + 2*quad),
+// S = 2 in the thread's registers (tuning `wregs`).
+template <int R, int S>
+__device__ __forceinline__ void head_sums(const float* a, const float* wq, float (&s)[4]) {
+#pragma unroll
+  for (int j = 0; j < R / 8; ++j) {
+    float2 w;
+    if constexpr (S == 8) w = *reinterpret_cast<const float2*>(wq + j * 8);
+    else w = make_float2(wq[j * S], wq[j * S + 1]);
+    s[0] = fmaf(a[4 * j + 0] + fabsf(a[4 * j + 0]), w.x, s[0]);
+    s[1] = fmaf(a[4 * j + 1] + fabsf(a[4 * j + 1]), w.y, s[1]);
+    s[2] = fmaf(a[4 * j + 2] + fabsf(a[4 * j + 2]), w.x, s[2]);
+    s[3] = fmaf(a[4 * j + 3] + fabsf(a[4 * j + 3]), w.y, s[3]);
+  }
+}
+
+// Epilogue of a 64-key tile: v[2i + h] is this thread's part (its quad lane's heads, from
+// head_sums) of the logit of next_n position i and key r0 + 8h. The quad's 4 lanes sum them in
+// a transposed reduction (quad_reduce): each xor step sends half of the values still held and
+// keeps the other half, so that after the two steps lane `quad` holds the complete sums of a
+// quarter of them (with next_n 2: position quad & 1, key r0 + 8 * (quad >> 1)) and every lane
+// stores its own logits (no lane-dependent branch, 3 shuffles at next_n 2 instead of 8). With
+// next_n 1 the second step is a plain sum and lanes 0-1 store. Which sums a lane ends with
+// depends on its lane bits only, so where they go (LogitsOut) is set once per request.
+template <int NEXT_N>
+struct LaneSums {
+  static constexpr int V = 2 * NEXT_N;
+  static constexpr int VP = V <= 2 ? 2 : (V + 3) / 4 * 4;   // padded to whole quarters
+  static constexpr int kHeld = VP >= 4 ? VP / 4 : 1;        // sums each lane ends with
+  // With two sums (next_n 3 and 4) a lane's first index is even, so its sums are the keys r0 and
+  // r0 + 8 of one row: sum k is sum 0 moved 8k keys, and what follows describes sum 0.
+  static_assert(kHeld == 1 || (kHeld == 2 && VP / 4 % 2 == 0), "next_n 1-4: a lane's sums share one row");
+  // index in v (2i + h) of lane `lane`'s first sum
+  __device__ __forceinline__ static int index(int lane) {
+    return ((lane & 1) ? VP / 2 : 0) + ((VP >= 4 && (lane & 2)) ? VP / 4 : 0);
+  }
+  // the sums are logits of this lane's (not padding, nor the copy lanes 2-3 hold at next_n 1)
+  __device__ __forceinline__ static bool mine(int lane) { return VP >= 4 ? index(lane) < V : !(lane & 2); }
+  // the key row of the tile (0..63) of the first sum: r0 + 8h, for its scale and column
+  __device__ __forceinline__ static int key(int wlane) {
+    return (wlane >> 5) * 16 + ((wlane & 31) >> 2) + 8 * (index(wlane & 31) & 1);
+  }
+};
+
+template <int NEXT_N>
+__device__ __forceinline__ void quad_reduce(const float (&v)[2 * NEXT_N], float (&out)[LaneSums<NEXT_N>::kHeld],
+                                            int wlane) {
+  using L = LaneSums<NEXT_N>;
+  constexpr int V = L::V, VP = L::VP;
+  const bool b0 = wlane & 1, b1 = wlane & 2;
+  float x[VP];
+#pragma unroll
+  for (int k = 0; k < VP; ++k) x[k] = k < V ? v[k < V ? k : 0] : 0.f;
+#pragma unroll
+  for (int k = 0; k < VP / 2; ++k) {                    // lane bit 0 keeps the upper half
+    const float send = b0 ? x[k] : x[k + VP / 2];
+    const float keep = b0 ? x[k + VP / 2] : x[k];
+    x[k] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+  }
+  if constexpr (VP >= 4) {
+#pragma unroll
+    for (int k = 0; k < VP / 4; ++k) {                  // lane bit 1 keeps the upper quarter
+      const float send = b1 ? x[k] : x[k + VP / 4];
+      const float keep = b1 ? x[k + VP / 4] : x[k];
+      x[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+    }
+  } else {
+    x[0] += __shfl_xor_sync(0xffffffffu, x[0], 2);
+  }
+#pragma unroll
+  for (int k = 0; k < L::kHeld; ++k) out[k] = x[k];
+}
+
+// Where this thread's logits of one request go: sum k of LaneSums is row i (of the request's
+// NEXT_N rows), column j0 + key + 8k of each tile at key j0 (key = LaneSums::key(wlane)). p
+// points at column `key` of that row; a tile stores sum k where j0 < lim - 8k (lim: max_len -
+// key; 0 where the sums are not this lane's, as j0 >= 0) and writes the logit where j0 < bnd -
+// 8k (the row's bound - key; INT_MAX without clean_logits), else -inf: the masks of
+// logits[b*NEXT_N + i, j] are set once per request, and a tile's store is an address, two
+// compares and a select.
+template <int NEXT_N>
+struct LogitsOut {
+  using L = LaneSums<NEXT_N>;
+  float* p;
+  int lim, bnd;
+  __device__ __forceinline__ void set(const int (&bound)[NEXT_N], float* logits_b, int64_t max_context_len,
+                                      int max_len, bool clean_logits, int wlane) {
+    const int idx = L::index(wlane & 31), i = (idx >> 1) < NEXT_N ? idx >> 1 : 0, key = L::key(wlane);
+    int bi = bound[0];
+#pragma unroll
+    for (int ii = 1; ii < NEXT_N; ++ii) bi = i == ii ? bound[ii] : bi;
+    p = opaque(logits_b + i * max_context_len + key);   // (the loop keeps it, not the row index)
+    lim = L::mine(wlane & 31) ? max_len - key : 0;
+    bnd = clean_logits ? max(bi, 0) - key : INT_MAX;   // (a bound below 0 masks every column, as 0)
+  }
+  // the logits of the tile at key j0: sums x times their keys' scales sc
+  __device__ __forceinline__ void store(const float (&x)[L::kHeld], const float (&sc)[L::kHeld], int j0) const {
+#pragma unroll
+    for (int k = 0; k < L::kHeld; ++k)
+      if (j0 < lim - 8 * k)
+        asm volatile("st.global.f32 [%0], %1;\n" ::"l"(p + j0 + 8 * k), "f"(j0 < bnd - 8 * k ? x[k] * sc[k] : kNegInf)
+                     : "memory");
+  }
+};
+
+// The epilogue's end: quad_reduce, then each sum times its key's scale sc[k] (key
+// LaneSums::key(wlane) + 8k; with HALF, also the 1/2 of head_sums, which is otherwise in
+// the weights), and the stores of LogitsOut.
+template <int NEXT_N, bool HALF>
+__device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], const float (&sc)[LaneSums<NEXT_N>::kHeld],
+                                             const LogitsOut<NEXT_N>& out, int j0, int wlane) {
+  constexpr int H = LaneSums<NEXT_N>::kHeld;
+  float x[H], f[H];
+  quad_reduce<NEXT_N>(v, x, wlane);
+#pragma unroll
+  for (int k = 0; k < H; ++k) f[k] = HALF ? 0.5f * sc[k] : sc[k];
+  out.store(x, f, j0);
+}
+
+// ------------------------------------------------------------------------------------------
+// sm_90a kernel for e2m1 (FP4) keys with ue8m0 block scales and bf16 q: paged_logits_e2m1.
+// Hopper has no FP4 MMA, so each math thread dequantizes its part of a key tile from shared
+// memory straight into the A-operand registers of a bf16 WGMMA (M=64 keys x N=heads x K=16,
+// A from registers, q from 128B-swizzled shared memory): every key element goes through exactly
+// one thread, and k = e2m1 * 2^(e-127) is exact in bf16 (an e2m1 value has 2 significant bits;
+// bf16 has fp32's exponent range), so the products are exact and the sums fp32. Otherwise the
+// same persistent grid, device-side schedule, cp.async pipeline and epilogue as
+// paged_logits_wgmma (one warpgroup per CTA that both copies and computes).
+// ------------------------------------------------------------------------------------------
+constexpr int kE2m1RowBytes = kKeyBytes;                  // packed key row: head_dim / 2 bytes
+constexpr int kE2m1Chunks = kE2m1RowBytes / 16;           // 16-byte chunks of a row = scale blocks
+constexpr int kE2m1TileBytes = kTile * kE2m1RowBytes;
+constexpr int kQRowBytes = kHeadDim * 2;                  // a bf16 q row
+constexpr int kE2m1KSteps = kHeadDim / 16;                // WGMMA K steps (16 elements each)
+static_assert(kKeyE2M1 && kScaleUE8M0 && kScaleBlock == 32 && kScalesPerToken * kScaleBlock == kHeadDim &&
+              kScalesPerToken == 4 && kScaleTokenStride == 4 && kScaleBase % 4 == 0,
+              "e2m1 kernel: 4 ue8m0 bytes per token (one per 32 elements, contiguous), head_dim 128");
+static_assert(kPageSize % kTile == 0 && kKeyTokenStride % 16 == 0 && kPageStride % 16 == 0 && kKeyAlign >= 16,
+              "e2m1 kernel: 64-token tiles inside a page, 16-byte aligned key rows");
+static_assert(std::is_same<QT, __nv_bfloat16>::value, "e2m1 kernel: bf16 q");
+
+// Byte offset of 16-byte chunk `chunk` of key row `row` in a tile: the chunk index is xor-ed with
+// (row / 2) % 4, so the 8 rows one warp reads with each 16-byte load (rows 16w + lane / 4) fall
+// in 8 different groups of 4 banks.
+__device__ __forceinline__ uint32_t e2m1_swz(int row, int chunk) {
+  return uint32_t(row * kE2m1RowBytes + ((chunk ^ ((row >> 1) & 3)) << 4));
+}
+
+// Two e2m1 codes (byte b: element 2i in the low nibble) as a bf16x2 (element 2i in the low half)
+// times 2^-126: the code's 2 exponent bits become the bf16 exponent field and its mantissa bit
+// the bf16 mantissa's first bit (exponent 0, the e2m1 subnormal 0.5, becomes the bf16
+// subnormal 0.5 * 2^-126). b * 0x1001 puts the byte at bits 0-7 and 12-19: code 0 at 0-3,
+// code 1 at 16-19.
+__device__ __forceinline__ uint32_t e2m1x2_bits(uint32_t b) {
+  const uint32_t x = b * 0x1001u;
+  return ((x << 6) & 0x01C001C0u) | ((x << 12) & 0x80008000u);
+}
+
+// bf16x2 of 2^(e-127) for the ue8m0 byte e number `c` of `s` (e = 0: the bf16 subnormal 2^-127).
+__device__ __forceinline__ uint32_t e2m1_scale2(uint32_t s, int c) {
+  const uint32_t e = __byte_perm(s, 0u, uint32_t(c) | (4u << 4) | (uint32_t(c) << 8) | (4u << 12));  // e at bytes 0, 2
+  return e == 0u ? 0x00400040u : e << 7;
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 p = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+// The A-operand register of byte `sel` (a __byte_perm selector) of `word`: its two keys, exactly.
+__device__ __forceinline__ uint32_t e2m1_dequant(uint32_t word, uint32_t sel, uint32_t scale2) {
+  constexpr uint32_t k2p126 = 0x7E807E80u;             // bf16x2 of 2^126
+  return bf16x2_mul(bf16x2_mul(e2m1x2_bits(__byte_perm(word, 0u, sel)), k2p126), scale2);
+}
+
+// One WGMMA M=64 keys x N query rows x K=16 bf16, A (keys) from registers, B (q) from a
+// shared-memory descriptor.
+template <int N> struct RsMmaN;
+template <> struct RsMmaN<64> {
+  __device__ __forceinline__ static void fma(const uint32_t (&a)[4], uint64_t b, float* d, bool accumulate) {
+    using Op = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,
+                                                                       cute::SM90::GMMA::Major::K>;
+    Op::fma(a[0], a[1], a[2], a[3], b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31],            accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+  }
+};
+
+// The epilogue of next_n position I and on (e2m1_tile_logits): wait for the position's chain (the
+// later ones may still run), relu * w and the sum over the thread's heads into v[2I], v[2I + 1]
+// (keys r0 and r0 + 8; twice the value, see head_sums). wq: the thread's first weight.
+template <int NEXT_N, int I = 0>
+__device__ __forceinline__ void e2m1_epilogues(float (&acc)[NEXT_N][kNumHeads / 2], const float* wq,
+                                               float (&v)[2 * NEXT_N]) {
+  if constexpr (I < NEXT_N) {
+    cute::warpgroup_wait<NEXT_N - 1 - I>();
+#pragma unroll
+    for (int r = 0; r < kNumHeads / 2; ++r) cute::warpgroup_fence_operand(acc[I][r]);
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    head_sums<kNumHeads, 8>(acc[I], wq + I * kNumHeads, s);
+    v[2 * I] = s[0] + s[1];
+    v[2 * I + 1] = s[2] + s[3];
+    e2m1_epilogues<NEXT_N, I + 1>(acc, wq, v);
+  }
+}
+
+// One warpgroup scores the 64 keys of a tile (packed e2m1 at sk, laid out by e2m1_swz; their
+// ue8m0 bytes at ssc, one 32-bit word per key) against the NEXT_N * kNumHeads q rows of its
+// request (swizzled, at b_base; weights sw): the thread's keys r0 = 16 * warp + lane / 4 and
+// r0 + 8 are dequantized into the WGMMA A fragments (K step s, register j: elements 16s + 2t,
+// +1 (j = 0, 1: keys r0, r0 + 8) and 16s + 8 + 2t, +1 (j = 2, 3), t = lane % 4: bytes t and
+// t + 4 of the step's 8 bytes), then one WGMMA chain per next_n position, each its own commit
+// group, so a position's epilogue (relu * w, head sums) overlaps the next one's tensor-core work;
+// then the quad reduction, the mask and the store of logits[b*NEXT_N + i, j0 + key] (`out`).
+template <int NEXT_N>
+__device__ __forceinline__ void e2m1_tile_logits(const uint8_t* sk, const uint32_t* ssc, uint32_t b_base,
+                                                 const float* sw, const LogitsOut<NEXT_N>& out, int j0, int tid) {
+  constexpr int N = NEXT_N * kNumHeads;
+  const int lane = tid & 31, r0 = (tid >> 5) * 16 + (lane >> 2), r1 = r0 + 8;
+  const uint32_t sel = uint32_t(lane & 3) | 0x4440u;    // byte lane % 4, zeros above it
+  const uint32_t s0 = ssc[r0], s1 = ssc[r1];
+  uint32_t a[kE2m1KSteps][4];
+#pragma unroll
+  for (int c = 0; c < kE2m1Chunks; ++c) {               // chunk c: elements 32c..32c+31, scale c
+    const uint4 k0 = *reinterpret_cast<const uint4*>(sk + e2m1_swz(r0, c));
+    const uint4 k1 = *reinterpret_cast<const uint4*>(sk + e2m1_swz(r1, c));
+    const uint32_t m0 = e2m1_scale2(s0, c), m1 = e2m1_scale2(s1, c);
+    a[2 * c][0] = e2m1_dequant(k0.x, sel, m0);
+    a[2 * c][1] = e2m1_dequant(k1.x, sel, m1);
+    a[2 * c][2] = e2m1_dequant(k0.y, sel, m0);
+    a[2 * c][3] = e2m1_dequant(k1.y, sel, m1);
+    a[2 * c + 1][0] = e2m1_dequant(k0.z, sel, m0);
+    a[2 * c + 1][1] = e2m1_dequant(k1.z, sel, m1);
+    a[2 * c + 1][2] = e2m1_dequant(k0.w, sel, m0);
+    a[2 * c + 1][3] = e2m1_dequant(k1.w, sel, m1);
+  }
+  float acc[NEXT_N][kNumHeads / 2];
+#pragma unroll
+  for (int k = 0; k < kE2m1KSteps; ++k)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) cute::warpgroup_fence_operand(a[k][j]);
+#pragma unroll
+  for (int i = 0; i < NEXT_N; ++i)
+#pragma unroll
+    for (int r = 0; r < kNumHeads / 2; ++r) cute::warpgroup_fence_operand(acc[i][r]);
+  cute::warpgroup_arrive();
+  const uint64_t db = gmma_desc(b_base);
+#pragma unroll
+  for (int i = 0; i < NEXT_N; ++i) {
+#pragma unroll
+    for (int k = 0; k < kE2m1KSteps; ++k) {
+      const int kb = k * 32;                             // bytes of bf16 K before step k
+      RsMmaN<kNumHeads>::fma(a[k], gmma_desc_add(db, i * kNumHeads * 128 + (kb / 128) * (N * 128) + kb % 128),
+                             acc[i], k > 0);
+    }
+    cute::warpgroup_commit_batch();
+  }
+  float v[2 * NEXT_N];
+  e2m1_epilogues<NEXT_N>(acc, sw + (lane & 3) * 2, v);
+#pragma unroll
+  for (int k = 0; k < kE2m1KSteps; ++k)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) cute::warpgroup_fence_operand(a[k][j]);
+  float sc[LaneSums<NEXT_N>::kHeld];
+#pragma unroll
+  for (int k = 0; k < LaneSums<NEXT_N>::kHeld; ++k) sc[k] = 1.f;   // the scales are in the keys
+  store_logits<NEXT_N, true>(v, sc, out, j0, tid);
+}
+
+template <int NEXT_N>
+__global__ void __launch_bounds__(128)
+paged_logits_e2m1(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv_cache,
+                  const float* __restrict__ weights, const int* __restrict__ context_lens, bool ctx_2d,
+                  const int* __restrict__ block_table, int64_t bt_stride, float* __restrict__ logits,
+                  int64_t max_context_len, int batch, bool clean_logits) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int N = NEXT_N * kNumHeads;
+  constexpr int kQBytes = N * kQRowBytes;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_align1024(smem_raw);             // (the 128B swizzle of q needs it)
+  uint8_t* sq = smem;                                   // [2][kQBytes]
+  uint8_t* sk = sq + 2 * kQBytes;                       // [kStages][kE2m1TileBytes]
+  uint32_t* ssc = reinterpret_cast<uint32_t*>(sk + kStages * kE2m1TileBytes);   // [kStages][kTile]
+  float* sw = reinterpret_cast<float*>(ssc + kStages * kTile);                  // [2][N]
+
+  const int tid = threadIdx.x;
+  const int max_len = int(max_context_len);
+  int lo, hi, first_b, first_tile;
+  schedule<NEXT_N, kTile, 128>(context_lens, ctx_2d, batch, max_len, lo, hi, first_b, first_tile);
+
+  if (lo < hi) {
+    Cursor<NEXT_N, kTile> prod{first_b, first_tile, 0};
+    prod.len = request_len<NEXT_N>(context_lens, ctx_2d, prod.b, max_len);
+    Cursor<NEXT_N, kTile> cons = prod;
+    int issued = lo, consumed = lo;
+    int prod_b = -1, prod_slot = 1;                      // q slot of the last issued request
+    int last_use0 = -1, last_use1 = -1;                  // last unit that reads q slot 0 / 1
+    int cons_b = -1, cons_slot = 1;
+    int bound[NEXT_N];
+    LogitsOut<NEXT_N> out;
+    int next_page = __ldg(block_table + int64_t(prod.b) * bt_stride + prod.unit * kTile / kPageSize);
+
+    while (consumed < hi) {
+      // ---- producer: keep up to kStages tiles in flight --------------------------------------
+      while (issued < hi && issued - consumed < kStages) {
+        const int b = prod.b;
+        if (b != prod_b) {
+          const int slot = prod_slot ^ 1;
+          if ((slot ? last_use1 : last_use0) >= consumed) break;   // slot still read: consume first
+          const uint8_t* qsrc = q + int64_t(b) * kQBytes;
+          const uint32_t qdst = smem_u32(sq + slot * kQBytes);
+          for (int idx = tid; idx < kQBytes / 16; idx += 128) {
+            const int row = idx / (kQRowBytes / 16), chunk = idx % (kQRowBytes / 16);
+            cp_async16(qdst + swz(N, row, chunk), qsrc + int64_t(row) * kQRowBytes + chunk * 16, true);
+          }
+          for (int idx = tid; idx < N / 4; idx += 128)
+            cp_async16(smem_u32(sw + slot * N + idx * 4), weights + int64_t(b) * N + idx * 4, true);
+          prod_b = b;
+          prod_slot = slot;
+        }
+        if (prod_slot) last_use1 = issued; else last_use0 = issued;
+        const int stage = issued % kStages;
+        const int j0 = prod.unit * kTile;
+        const uint32_t kdst = smem_u32(sk + stage * kE2m1TileBytes);
+        const int page = next_page;
+#pragma unroll
+        for (int c = 0; c < kE2m1TileBytes / 16 / 128; ++c) {
+          const int idx = tid + c * 128;
+          const int row = idx / kE2m1Chunks, chunk = idx % kE2m1Chunks;
+          const int j = j0 + row;
+          const bool valid = j < prod.len;
+          const int64_t slot = valid ? int64_t(page) * kPageSize + j % kPageSize : 0;
+          cp_async16(kdst + e2m1_swz(row, chunk), kv_cache + key_offset(slot) + chunk * 16, valid);
+        }
+        if (tid < kTile) {
+          const int j = j0 + tid;
+          const bool valid = j < prod.len;
+          const int64_t slot = valid ? int64_t(page) * kPageSize + j % kPageSize : 0;
+          cp_async4(smem_u32(ssc + stage * kTile + tid), kv_cache + scale_offset(slot), valid);
+        }
+        cp_async_commit();
+        ++issued;
+        prod.advance(context_lens, ctx_2d, batch, max_len);
+        if (issued < hi)
+          next_page = __ldg(block_table + int64_t(prod.b) * bt_stride + prod.unit * kTile / kPageSize);
+      }
+
+      // ---- consumer ----------------------------------------------------------------------------
+      cp_async_wait_dyn(issued - consumed - 1);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // q, read by the tensor core
+      __syncthreads();
+
+      const int b = cons.b;
+      if (b != cons_b) {
+        cons_b = b;
+        cons_slot ^= 1;
+#pragma unroll
+        for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
+        out.set(bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len, max_len, clean_logits, tid);
+      }
+      const int stage = consumed % kStages;
+      e2m1_tile_logits<NEXT_N>(sk + stage * kE2m1TileBytes, ssc + stage * kTile, smem_u32(sq + cons_slot * kQBytes),
+                               sw + cons_slot * N, out, cons.unit * kTile, tid);
+      ++consumed;
+      cons.advance(context_lens, ctx_2d, batch, max_len);
+      __syncthreads();   // the stage may be refilled now
+    }
+  }
+  if (clean_logits) fill_tail<NEXT_N>(context_lens, ctx_2d, batch, max_len, logits, max_context_len, tid, 128);
+#endif
+}
+
+template <int NEXT_N>
+constexpr int e2m1_smem_bytes() {
+  constexpr int N = NEXT_N * kNumHeads;
+  return 1024 + 2 * N * kQRowBytes + kStages * (kE2m1TileBytes + kTile * 4) + 2 * N * 4;
+}
+// the host side (dsagen.codegen.e2m1_smem_bytes) picks kernels with the same figures
+static_assert(e2m1_smem_bytes<1>() == 43008, "dsagen.codegen.e2m1_smem_bytes disagrees");
+static_assert(e2m1_smem_bytes<2>() == 76288, "dsagen.codegen.e2m1_smem_bytes disagrees");
 
 // The current device, its compute capability major and SM count (launch() and launch_schedule()
 // choose the same kernel from them).
@@ -250,6 +804,26 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, int64_t num_pa
   int dev = 0, major = 0, sms = 0;
   cudaError_t err = current_device(&dev, &major, &sms);
   if (err != cudaSuccess) return err;
+  // cp.async moves 16-byte chunks of q, weights and key rows: inputs not aligned to 16 bytes
+  // take the portable kernel
+  const bool aligned = ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(weights) |
+                         reinterpret_cast<uintptr_t>(kv_cache)) & 15) == 0;
+  if (major == 9 && aligned && e2m1_smem_bytes<NEXT_N>() <= 227 * 1024) {
+    static int blocks_per_sm[kMaxDevices] = {};
+    const int smem = e2m1_smem_bytes<NEXT_N>();
+    if (blocks_per_sm[dev] == 0) {
+      err = cudaFuncSetAttribute(paged_logits_e2m1<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+      int n = 0;
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, paged_logits_e2m1<NEXT_N>, 128, smem);
+      if (err != cudaSuccess) return err;
+      blocks_per_sm[dev] = n < 1 ? 1 : n;
+    }
+    paged_logits_e2m1<NEXT_N><<<sms * blocks_per_sm[dev], 128, smem, stream>>>(
+        static_cast<const uint8_t*>(q), kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride,
+        logits, max_context_len, batch, clean_logits);
+    return cudaGetLastError();
+  }
   constexpr int N = NEXT_N * kNumHeads;
   const int smem = N * kHeadDim * int(sizeof(QT)) + 32 * (kHeadDim + 1) * 4 + 4 * NEXT_N * 32 * 4;
   static bool configured[kMaxDevices] = {};
