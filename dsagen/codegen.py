@@ -121,12 +121,21 @@ def uses_e2m1_mma(spec: Spec) -> bool:
             and lay.scale_token_stride == 4 and lay.scale_base % 4 == 0)
 
 
-def e2m1_smem_bytes(spec: Spec, next_n: int, stages: int) -> int:
+def e2m1_q_slots(spec: Spec, next_n: int) -> int:
+    """q (and weight) buffers per CTA of ``paged_logits_e2m1`` at ``next_n``: 2 (the next
+    request's q is fetched while the current one is scored) where ``next_n * num_heads <= 64``,
+    else 1, so that one CTA's q buffers stay within 32 KB. On the H200 (2026-12-04, 64 heads,
+    next_n 2) a second 32 KB buffer left 2 CTAs per SM in shared memory instead of 4 and was
+    5-11 % slower (B=128 ctx 32768: 372.5 vs 335.5 us); at next_n 1 both fit 5 CTAs."""
+    return 2 if next_n * spec.num_heads <= 64 else 1
+
+
+def e2m1_smem_bytes(spec: Spec, next_n: int, stages: int, q_slots: int = 2) -> int:
     """Dynamic shared memory of ``paged_logits_e2m1`` (``e2m1_smem_bytes`` in paged_logits.cu):
-    alignment slack, two bf16 q buffers, ``stages`` packed key tiles and their scale words, two
-    weight buffers."""
+    alignment slack, ``q_slots`` bf16 q buffers and weight buffers, ``stages`` packed key tiles
+    and their scale words."""
     n = next_n * spec.num_heads
-    return 1024 + 2 * n * 2 * spec.head_dim + stages * (64 * spec.key_bytes_per_token + 64 * 4) + 2 * n * 4
+    return 1024 + q_slots * (n * 2 * spec.head_dim + n * 4) + stages * (64 * spec.key_bytes_per_token + 64 * 4)
 
 
 def wgmma_smem_bytes(spec: Spec, next_n: int, stages: int) -> int:
@@ -250,7 +259,8 @@ def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None 
     if tune["kernel"] not in ("ws", "wgmma"):
         return False
     if uses_e2m1_mma(spec):
-        return e2m1_smem_bytes(spec, next_n, int(tune["stages"])) <= MAX_SMEM_BYTES
+        return (e2m1_smem_bytes(spec, next_n, int(tune["stages"]), e2m1_q_slots(spec, next_n))
+                <= MAX_SMEM_BYTES)
     if not uses_wgmma(spec):
         return False
     return (ws_stages(spec, next_n, tune) > 0
@@ -732,7 +742,9 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
                     for nn in spec.next_n},
         "wgmma_smem": {nn: wgmma_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
         "e2m1_mma": uses_e2m1_mma(spec) and tune["kernel"] in ("ws", "wgmma"),
-        "e2m1_smem": {nn: e2m1_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
+        "e2m1_q_slots": {nn: e2m1_q_slots(spec, nn) for nn in spec.next_n},
+        "e2m1_smem": {nn: e2m1_smem_bytes(spec, nn, int(tune["stages"]), e2m1_q_slots(spec, nn))
+                      for nn in spec.next_n},
         "stages": int(tune["stages"]),
         "promote": _promote_steps(spec, tune),
         "fuse": _fuse_max_n(spec, tune) > 0,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsagen.codegen import (CUDA_SOURCES, default_tuning, e2m1_smem_bytes, render, uses_e2m1_mma, uses_wgmma, uses_ws,
+from dsagen.codegen import (CUDA_SOURCES, default_tuning, e2m1_q_slots, e2m1_smem_bytes, render, uses_e2m1_mma, uses_wgmma, uses_ws,
                             wgmma_kernel_applies, wgmma_smem_bytes, ws_smem_bytes, ws_stages)
 from dsagen.jit import nvcc_compile_only
 
@@ -119,6 +119,9 @@ def test_wgmma_kernel_applies(shipped):
     assert not uses_e2m1_mma(fp4.with_(scale_placement="separate"))
     assert not uses_e2m1_mma(fp4.with_(head_dim=32, scale_block=32))
     assert e2m1_smem_bytes(fp4, 2, 6) == 1024 + 2 * 128 * 256 + 6 * (64 * 68) + 2 * 128 * 4
+    # one q buffer where a second would pass 32 KB (next_n 2 at 64 heads): 4 CTAs per SM, not 2
+    assert e2m1_q_slots(fp4, 1) == 2 and e2m1_q_slots(fp4, 2) == 1
+    assert e2m1_smem_bytes(fp4, 2, 2, 1) == 1024 + 128 * 256 + 128 * 4 + 2 * 64 * 68
     # scales in their own tensor: the WGMMA kernel reads them from kv_cache, so never it
     assert not uses_wgmma(fp8.with_(scale_placement="separate"))
     assert not wgmma_kernel_applies(fp8.with_(scale_placement="separate"), 1)

@@ -528,6 +528,10 @@ constexpr int kE2m1Chunks = kE2m1RowBytes / 16;           // 16-byte chunks of a
 constexpr int kE2m1TileBytes = kTile * kE2m1RowBytes;
 constexpr int kQRowBytes = kHeadDim * 2;                  // a bf16 q row
 constexpr int kE2m1KSteps = kHeadDim / 16;                // WGMMA K steps (16 elements each)
+// q (and weight) buffers per CTA at each next_n (dsagen.codegen.e2m1_q_slots): 2 lets a CTA
+// fetch its next request's q while it scores the current one; 1 where the second buffer would
+// cost a CTA per SM
+template <int NEXT_N> constexpr int kE2m1QSlots = NEXT_N == 1 ? 2 : NEXT_N == 2 ? 1 : 2;
 static_assert(kKeyE2M1 && kScaleUE8M0 && kScaleBlock == 32 && kScalesPerToken * kScaleBlock == kHeadDim &&
               kScalesPerToken == 4 && kScaleTokenStride == 4 && kScaleBase % 4 == 0,
               "e2m1 kernel: 4 ue8m0 bytes per token (one per 32 elements, contiguous), head_dim 128");
@@ -535,38 +539,9 @@ static_assert(kPageSize % kTile == 0 && kKeyTokenStride % 16 == 0 && kPageStride
               "e2m1 kernel: 64-token tiles inside a page, 16-byte aligned key rows");
 static_assert(std::is_same<QT, __nv_bfloat16>::value, "e2m1 kernel: bf16 q");
 
-// Byte offset of 16-byte chunk `chunk` of key row `row` in a tile: the chunk index is xor-ed with
-// (row / 2) % 4, so the 8 rows one warp reads with each 16-byte load (rows 16w + lane / 4) fall
-// in 8 different groups of 4 banks.
-__device__ __forceinline__ uint32_t e2m1_swz(int row, int chunk) {
-  return uint32_t(row * kE2m1RowBytes + ((chunk ^ ((row >> 1) & 3)) << 4));
-}
-
-// Two e2m1 codes (byte b: element 2i in the low nibble) as a bf16x2 (element 2i in the low half)
-// times 2^-126: the code's 2 exponent bits become the bf16 exponent field and its mantissa bit
-// the bf16 mantissa's first bit (exponent 0, the e2m1 subnormal 0.5, becomes the bf16
-// subnormal 0.5 * 2^-126). b * 0x1001 puts the byte at bits 0-7 and 12-19: code 0 at 0-3,
-// code 1 at 16-19.
-__device__ __forceinline__ uint32_t e2m1x2_bits(uint32_t b) {
-  const uint32_t x = b * 0x1001u;
-  return ((x << 6) & 0x01C001C0u) | ((x << 12) & 0x80008000u);
-}
-
-// bf16x2 of 2^(e-127) for the ue8m0 byte e number `c` of `s` (e = 0: the bf16 subnormal 2^-127).
-__device__ __forceinline__ uint32_t e2m1_scale2(uint32_t s, int c) {
-  const uint32_t e = __byte_perm(s, 0u, uint32_t(c) | (4u << 4) | (uint32_t(c) << 8) | (4u << 12));  // e at bytes 0, 2
-  return e == 0u ? 0x00400040u : e << 7;
-}
-
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   const __nv_bfloat162 p = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
   return *reinterpret_cast<const uint32_t*>(&p);
-}
-
-// The A-operand register of byte `sel` (a __byte_perm selector) of `word`: its two keys, exactly.
-__device__ __forceinline__ uint32_t e2m1_dequant(uint32_t word, uint32_t sel, uint32_t scale2) {
-  constexpr uint32_t k2p126 = 0x7E807E80u;             // bf16x2 of 2^126
-  return bf16x2_mul(bf16x2_mul(e2m1x2_bits(__byte_perm(word, 0u, sel)), k2p126), scale2);
 }
 
 // One WGMMA M=64 keys x N query rows x K=16 bf16, A (keys) from registers, B (q) from a
@@ -598,36 +573,113 @@ __device__ __forceinline__ void e2m1_epilogues(float (&acc)[NEXT_N][kNumHeads / 
   }
 }
 
-// One warpgroup scores the 64 keys of a tile (packed e2m1 at sk, laid out by e2m1_swz; their
+// Four A-operand registers from one 32-bit word of packed keys (bytes b0..b3: elements e0..e7,
+// e2i in the low nibble of byte i): register tau holds (e_tau, e_tau+4) as bf16 bits equal to
+// the e2m1 value times 2^-126: a code's 2 exponent bits become the low bits of the bf16
+// exponent field and its mantissa bit the bf16 mantissa's first bit (exponent 0, the e2m1
+// subnormal 0.5, becomes the bf16 subnormal 0.5 * 2^-126). The nibbles of e_tau and e_tau+4 lie
+// 16 bits apart in the word, so two shifts and two masks place both at once.
+__device__ __forceinline__ void e2m1x8_bits(uint32_t w, uint32_t (&r)[4]) {
+  constexpr uint32_t kMag = 0x01C001C0u, kSign = 0x80008000u;
+  r[0] = ((w << 6) & kMag) | ((w << 12) & kSign);
+  r[1] = ((w << 2) & kMag) | ((w << 8) & kSign);
+  r[2] = ((w >> 2) & kMag) | ((w << 4) & kSign);
+  r[3] = ((w >> 6) & kMag) | (w & kSign);
+}
+
+// The K order of paged_logits_e2m1's q buffer: thread t of a quad dequantizes the 16 contiguous
+// bytes 16t..16t+15 (elements 32t..32t+31, one ue8m0 scale) of each of its two key rows, word
+// omega giving the registers of K steps 2 omega and 2 omega + 1 (e2m1x8_bits order: tau = 0, 1
+// for step 2 omega, 2, 3 for 2 omega + 1). So WGMMA K position k = 16s + 8h + 2t + lo holds
+// element 32t + 8 omega + tau + 4 lo with rho = 2s + h, omega = rho / 4, tau = rho % 4; q is
+// stored in that order (e2m1_permute_q), which leaves every dot product unchanged.
+// Puts the raw q rows of one request (N rows of kHeadDim bf16, 128B-swizzled K-major as cp.async
+// left them in buf) into that K order in place: source chunk (t, omega) (elements 32t + 8 omega
+// ..+7) becomes words (e_tau, e_tau+4) at K pairs 16 omega + 4 tau + t. A unit (row, half) reads
+// the chunks of t = 2 half, 2 half + 1 and writes words t of all 16 chunks of the row, so a
+// round of 128 units reads before a barrier and writes after it; then the tensor-core proxy
+// fence and a barrier, so the WGMMAs that follow see the new order. Called by every thread of
+// the CTA (2 N a multiple of 128).
+template <int N>
+__device__ __forceinline__ void e2m1_permute_q(uint8_t* buf, int tid_) {
+  static_assert(2 * N % 128 == 0, "whole rounds of 128 units");
+  // the addresses below depend on tid only: without this opaque copy the compiler hoists them
+  // all out of the kernel's loop and keeps them in registers
+  int tid;
+  asm volatile("mov.b32 %0, %1;" : "=r"(tid) : "r"(tid_));
+  // 128 units at a time (rows 64u.. 64u + 63): a round's writes stay in its own rows
+#pragma unroll 1
+  for (int unit = tid; unit < 2 * N; unit += 128) {
+    const int row = unit >> 1, half = unit & 1;
+    uint4 v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)                           // chunk c = 4t + omega, t = 2 half + i / 4
+      v[i] = *reinterpret_cast<const uint4*>(buf + swz(N, row, 8 * half + i));
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int t = 2 * half + (i >> 2), omega = i & 3;
+      const uint32_t d[4] = {__byte_perm(v[i].x, v[i].z, 0x5410), __byte_perm(v[i].x, v[i].z, 0x7632),
+                             __byte_perm(v[i].y, v[i].w, 0x5410), __byte_perm(v[i].y, v[i].w, 0x7632)};
+#pragma unroll
+      for (int tau = 0; tau < 4; ++tau)
+        *reinterpret_cast<uint32_t*>(buf + swz(N, row, 4 * omega + tau) + 4 * t) = d[tau];
+    }
+    __syncthreads();
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+}
+
+// The A fragments of the thread's keys r0 and r1 (rows of 64 packed bytes at sk; ue8m0 bytes
+// e0, e1 of the thread's block): K step s, register j = (2h + row): see e2m1_permute_q. FAST: every
+// scale of the warp is at most 2 (e <= 128), so one bf16 multiply by 2^(e-1) turns the bits
+// (value * 2^-126) into value * 2^(e-127) exactly; otherwise by 2^126, then by 2^(e-127).
+template <bool FAST>
+__device__ __forceinline__ void e2m1_fragments(const uint8_t* sk, int r0, int r1, int t, uint32_t e0, uint32_t e1,
+                                               uint32_t (&a)[kE2m1KSteps][4]) {
+  const uint4 k0 = *reinterpret_cast<const uint4*>(sk + r0 * kE2m1RowBytes + t * 16);
+  const uint4 k1 = *reinterpret_cast<const uint4*>(sk + r1 * kE2m1RowBytes + t * 16);
+  const uint32_t w0[4] = {k0.x, k0.y, k0.z, k0.w}, w1[4] = {k1.x, k1.y, k1.z, k1.w};
+  // bf16x2 multipliers: 2^(e-1) (FAST), or 2^(e-127) (e = 0: the bf16 subnormal 2^-127)
+  const uint32_t m0 = FAST ? (e0 + 126u) * 0x00800080u : (e0 == 0u ? 0x00400040u : e0 * 0x00800080u);
+  const uint32_t m1 = FAST ? (e1 + 126u) * 0x00800080u : (e1 == 0u ? 0x00400040u : e1 * 0x00800080u);
+  constexpr uint32_t k2p126 = 0x7E807E80u;               // bf16x2 of 2^126
+#pragma unroll
+  for (int omega = 0; omega < 4; ++omega) {
+    uint32_t b0[4], b1[4];
+    e2m1x8_bits(w0[omega], b0);
+    e2m1x8_bits(w1[omega], b1);
+#pragma unroll
+    for (int tau = 0; tau < 4; ++tau) {
+      const int step = 2 * omega + tau / 2, h = tau & 1;
+      a[step][2 * h] = FAST ? bf16x2_mul(b0[tau], m0) : bf16x2_mul(bf16x2_mul(b0[tau], k2p126), m0);
+      a[step][2 * h + 1] = FAST ? bf16x2_mul(b1[tau], m1) : bf16x2_mul(bf16x2_mul(b1[tau], k2p126), m1);
+    }
+  }
+}
+
+// One warpgroup scores the 64 keys of a tile (packed e2m1 rows of 64 bytes in order at sk; their
 // ue8m0 bytes at ssc, one 32-bit word per key) against the NEXT_N * kNumHeads q rows of its
-// request (swizzled, at b_base; weights sw): the thread's keys r0 = 16 * warp + lane / 4 and
-// r0 + 8 are dequantized into the WGMMA A fragments (K step s, register j: elements 16s + 2t,
-// +1 (j = 0, 1: keys r0, r0 + 8) and 16s + 8 + 2t, +1 (j = 2, 3), t = lane % 4: bytes t and
-// t + 4 of the step's 8 bytes), then one WGMMA chain per next_n position, each its own commit
-// group, so a position's epilogue (relu * w, head sums) overlaps the next one's tensor-core work;
-// then the quad reduction, the mask and the store of logits[b*NEXT_N + i, j0 + key] (`out`).
+// request (swizzled, in the K order of e2m1_permute_q, at b_base; weights sw): the thread's keys
+// r0 = 16 * warp + lane / 4 and r0 + 8 are dequantized into the WGMMA A fragments
+// (e2m1_fragments: bytes 16t..16t+15 of each, t = lane % 4, and their one scale each; one
+// multiply where every scale of the warp is at most 2), then one WGMMA chain per next_n
+// position, each its own commit group, so a position's epilogue (relu * w, head sums) overlaps
+// the next one's tensor-core work; then the quad reduction, the mask and the store of logits[b*NEXT_N + i, j0 + key] (`out`).
 template <int NEXT_N>
 __device__ __forceinline__ void e2m1_tile_logits(const uint8_t* sk, const uint32_t* ssc, uint32_t b_base,
                                                  const float* sw, const LogitsOut<NEXT_N>& out, int j0, int tid) {
   constexpr int N = NEXT_N * kNumHeads;
   const int lane = tid & 31, r0 = (tid >> 5) * 16 + (lane >> 2), r1 = r0 + 8;
-  const uint32_t sel = uint32_t(lane & 3) | 0x4440u;    // byte lane % 4, zeros above it
-  const uint32_t s0 = ssc[r0], s1 = ssc[r1];
   uint32_t a[kE2m1KSteps][4];
-#pragma unroll
-  for (int c = 0; c < kE2m1Chunks; ++c) {               // chunk c: elements 32c..32c+31, scale c
-    const uint4 k0 = *reinterpret_cast<const uint4*>(sk + e2m1_swz(r0, c));
-    const uint4 k1 = *reinterpret_cast<const uint4*>(sk + e2m1_swz(r1, c));
-    const uint32_t m0 = e2m1_scale2(s0, c), m1 = e2m1_scale2(s1, c);
-    a[2 * c][0] = e2m1_dequant(k0.x, sel, m0);
-    a[2 * c][1] = e2m1_dequant(k1.x, sel, m1);
-    a[2 * c][2] = e2m1_dequant(k0.y, sel, m0);
-    a[2 * c][3] = e2m1_dequant(k1.y, sel, m1);
-    a[2 * c + 1][0] = e2m1_dequant(k0.z, sel, m0);
-    a[2 * c + 1][1] = e2m1_dequant(k1.z, sel, m1);
-    a[2 * c + 1][2] = e2m1_dequant(k0.w, sel, m0);
-    a[2 * c + 1][3] = e2m1_dequant(k1.w, sel, m1);
-  }
+  const int t = lane & 3;
+  const uint8_t* sb = reinterpret_cast<const uint8_t*>(ssc);
+  const uint32_t e0 = sb[4 * r0 + t], e1 = sb[4 * r1 + t];   // the scales of the thread's block t
+  if (__all_sync(0xffffffffu, max(e0, e1) <= 128u))
+    e2m1_fragments<true>(sk, r0, r1, t, e0, e1, a);
+  else
+    e2m1_fragments<false>(sk, r0, r1, t, e0, e1, a);
   float acc[NEXT_N][kNumHeads / 2];
 #pragma unroll
   for (int k = 0; k < kE2m1KSteps; ++k)
@@ -662,7 +714,24 @@ __device__ __forceinline__ void e2m1_tile_logits(const uint8_t* sk, const uint32
 }
 
 template <int NEXT_N>
-__global__ void __launch_bounds__(128)
+constexpr int e2m1_smem_bytes() {
+  constexpr int N = NEXT_N * kNumHeads;
+  return 1024 + kE2m1QSlots<NEXT_N> * (N * kQRowBytes + N * 4) + kStages * (kE2m1TileBytes + kTile * 4);
+}
+// CTAs per SM for __launch_bounds__: those that fit in shared memory (228 KB, 1 KB reserved per
+// CTA) and in the register file at about 64 registers per thread besides the accumulators
+// (next_n * num_heads / 2): 5 CTAs of up to 102 registers at next_n 1, 4 of 128 at next_n 2
+// (64 heads: 96 registers at next_n 1; 128 and 28 bytes of spills at next_n 2, which took 150
+// registers, so 3 CTAs, without the cap; the capped form is the one timed)
+template <int NEXT_N> constexpr int kE2m1SmemBlocks = 233472 / (e2m1_smem_bytes<NEXT_N>() + 1024);
+template <int NEXT_N> constexpr int kE2m1RegBlocks = 512 / (NEXT_N * kNumHeads / 2 + 64);
+template <int NEXT_N>
+constexpr int kE2m1MinBlocks = kE2m1SmemBlocks<NEXT_N> < kE2m1RegBlocks<NEXT_N>
+                                   ? (kE2m1SmemBlocks<NEXT_N> < 1 ? 1 : kE2m1SmemBlocks<NEXT_N>)
+                                   : (kE2m1RegBlocks<NEXT_N> < 1 ? 1 : kE2m1RegBlocks<NEXT_N>);
+
+template <int NEXT_N>
+__global__ void __launch_bounds__(128, kE2m1MinBlocks<NEXT_N>)
 paged_logits_e2m1(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv_cache,
                   const float* __restrict__ weights, const int* __restrict__ context_lens, bool ctx_2d,
                   const int* __restrict__ block_table, int64_t bt_stride, float* __restrict__ logits,
@@ -672,10 +741,11 @@ paged_logits_e2m1(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv_
   constexpr int kQBytes = N * kQRowBytes;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_align1024(smem_raw);             // (the 128B swizzle of q needs it)
-  uint8_t* sq = smem;                                   // [2][kQBytes]
-  uint8_t* sk = sq + 2 * kQBytes;                       // [kStages][kE2m1TileBytes]
+  constexpr int kSlots = kE2m1QSlots<NEXT_N>;
+  uint8_t* sq = smem;                                   // [kSlots][kQBytes]
+  uint8_t* sk = sq + kSlots * kQBytes;                  // [kStages][kE2m1TileBytes]
   uint32_t* ssc = reinterpret_cast<uint32_t*>(sk + kStages * kE2m1TileBytes);   // [kStages][kTile]
-  float* sw = reinterpret_cast<float*>(ssc + kStages * kTile);                  // [2][N]
+  float* sw = reinterpret_cast<float*>(ssc + kStages * kTile);                  // [kSlots][N]
 
   const int tid = threadIdx.x;
   const int max_len = int(max_context_len);
@@ -699,7 +769,7 @@ paged_logits_e2m1(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv_
       while (issued < hi && issued - consumed < kStages) {
         const int b = prod.b;
         if (b != prod_b) {
-          const int slot = prod_slot ^ 1;
+          const int slot = kSlots == 2 ? prod_slot ^ 1 : 0;
           if ((slot ? last_use1 : last_use0) >= consumed) break;   // slot still read: consume first
           const uint8_t* qsrc = q + int64_t(b) * kQBytes;
           const uint32_t qdst = smem_u32(sq + slot * kQBytes);
@@ -724,7 +794,7 @@ paged_logits_e2m1(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv_
           const int j = j0 + row;
           const bool valid = j < prod.len;
           const int64_t slot = valid ? int64_t(page) * kPageSize + j % kPageSize : 0;
-          cp_async16(kdst + e2m1_swz(row, chunk), kv_cache + key_offset(slot) + chunk * 16, valid);
+          cp_async16(kdst + idx * 16, kv_cache + key_offset(slot) + chunk * 16, valid);   // rows in order
         }
         if (tid < kTile) {
           const int j = j0 + tid;
@@ -747,10 +817,11 @@ paged_logits_e2m1(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv_
       const int b = cons.b;
       if (b != cons_b) {
         cons_b = b;
-        cons_slot ^= 1;
+        cons_slot = kSlots == 2 ? cons_slot ^ 1 : 0;
 #pragma unroll
         for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
         out.set(bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len, max_len, clean_logits, tid);
+        e2m1_permute_q<N>(sq + cons_slot * kQBytes, tid);   // into the K order of e2m1_fragments
       }
       const int stage = consumed % kStages;
       e2m1_tile_logits<NEXT_N>(sk + stage * kE2m1TileBytes, ssc + stage * kTile, smem_u32(sq + cons_slot * kQBytes),
@@ -764,14 +835,9 @@ paged_logits_e2m1(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv_
 #endif
 }
 
-template <int NEXT_N>
-constexpr int e2m1_smem_bytes() {
-  constexpr int N = NEXT_N * kNumHeads;
-  return 1024 + 2 * N * kQRowBytes + kStages * (kE2m1TileBytes + kTile * 4) + 2 * N * 4;
-}
 // the host side (dsagen.codegen.e2m1_smem_bytes) picks kernels with the same figures
 static_assert(e2m1_smem_bytes<1>() == 43008, "dsagen.codegen.e2m1_smem_bytes disagrees");
-static_assert(e2m1_smem_bytes<2>() == 76288, "dsagen.codegen.e2m1_smem_bytes disagrees");
+static_assert(e2m1_smem_bytes<2>() == 43008, "dsagen.codegen.e2m1_smem_bytes disagrees");
 
 // The current device, its compute capability major and SM count (launch() and launch_schedule()
 // choose the same kernel from them).
