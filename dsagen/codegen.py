@@ -108,15 +108,22 @@ def uses_wgmma(spec: Spec) -> bool:
             and spec.key_align >= 4)
 
 
+# paged_logits_e2m1 runs where next_n * num_heads <= 128 (next_n 1 and 2 at 64 heads, the shapes
+# verified on the H200); it is compiled for every next_n of the spec
+E2M1_MAX_ROWS = 128
+
+
 def uses_e2m1_mma(spec: Spec) -> bool:
     """Whether the sm_90a tensor-core kernel for FP4 keys (``paged_logits_e2m1``: each thread
     dequantizes its keys into the A registers of a bf16 WGMMA) applies: e2m1 keys of head_dim 128
     with one ue8m0 byte per 32 elements, the token's 4 bytes contiguous in kv_cache, bf16 q,
-    64-token tiles inside a page and 16-byte aligned key rows."""
+    64-token tiles inside a page, 16-byte aligned key rows and 64 heads, the configuration run on
+    the H200 (other head counts take the CUDA-core kernel; so does next_n > 2, see
+    :data:`E2M1_MAX_ROWS`)."""
     lay = spec.layout
     return (spec.key_dtype == "e2m1" and spec.scale_dtype == "ue8m0" and spec.scale_block == 32
             and spec.head_dim == 128 and not spec.separate_scales and spec.query.name == "bf16"
-            and spec.page_size % 64 == 0 and spec.num_heads % 8 == 0 and spec.num_heads <= 256
+            and spec.page_size % 64 == 0 and spec.num_heads == 64
             and lay.key_token_stride % 16 == 0 and lay.page_stride % 16 == 0 and spec.key_align >= 16
             and lay.scale_token_stride == 4 and lay.scale_base % 4 == 0)
 
@@ -259,7 +266,8 @@ def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None 
     if tune["kernel"] not in ("ws", "wgmma"):
         return False
     if uses_e2m1_mma(spec):
-        return (e2m1_smem_bytes(spec, next_n, int(tune["stages"]), e2m1_q_slots(spec, next_n))
+        return (next_n * spec.num_heads <= E2M1_MAX_ROWS
+                and e2m1_smem_bytes(spec, next_n, int(tune["stages"]), e2m1_q_slots(spec, next_n))
                 <= MAX_SMEM_BYTES)
     if not uses_wgmma(spec):
         return False
@@ -743,6 +751,7 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "wgmma_smem": {nn: wgmma_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
         "e2m1_mma": uses_e2m1_mma(spec) and tune["kernel"] in ("ws", "wgmma"),
         "e2m1_q_slots": {nn: e2m1_q_slots(spec, nn) for nn in spec.next_n},
+        "e2m1_max_rows": E2M1_MAX_ROWS,
         "e2m1_smem": {nn: e2m1_smem_bytes(spec, nn, int(tune["stages"]), e2m1_q_slots(spec, nn))
                       for nn in spec.next_n},
         "stages": int(tune["stages"]),

@@ -118,6 +118,10 @@ def test_wgmma_kernel_applies(shipped):
     assert not wgmma_kernel_applies(fp4, 1, {"kernel": "simt"})
     assert not uses_e2m1_mma(fp4.with_(scale_placement="separate"))
     assert not uses_e2m1_mma(fp4.with_(head_dim=32, scale_block=32))
+    # only the configurations run on the H200: 64 heads, next_n * num_heads <= 128
+    assert not uses_e2m1_mma(fp4.with_(num_heads=32)) and not uses_e2m1_mma(fp4.with_(num_heads=128))
+    fp4_n4 = fp4.with_(next_n=[1, 2, 3, 4])
+    assert [wgmma_kernel_applies(fp4_n4, nn) for nn in (1, 2, 3, 4)] == [True, True, False, False]
     assert e2m1_smem_bytes(fp4, 2, 6) == 1024 + 2 * 128 * 256 + 6 * (64 * 68) + 2 * 128 * 4
     # one q buffer where a second would pass 32 KB (next_n 2 at 64 heads): 4 CTAs per SM, not 2
     assert e2m1_q_slots(fp4, 1) == 2 and e2m1_q_slots(fp4, 2) == 1

@@ -874,7 +874,8 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, int64_t num_pa
   // take the portable kernel
   const bool aligned = ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(weights) |
                          reinterpret_cast<uintptr_t>(kv_cache)) & 15) == 0;
-  if (major == 9 && aligned && e2m1_smem_bytes<NEXT_N>() <= 227 * 1024) {
+  // (next_n * num_heads <= 128: the shapes run on the H200; dsagen.codegen.E2M1_MAX_ROWS)
+  if (major == 9 && aligned && NEXT_N * kNumHeads <= 128 && e2m1_smem_bytes<NEXT_N>() <= 227 * 1024) {
     static int blocks_per_sm[kMaxDevices] = {};
     const int smem = e2m1_smem_bytes<NEXT_N>();
     if (blocks_per_sm[dev] == 0) {
