@@ -444,9 +444,11 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     # and B=8 ctx 32768 likewise; at 62 tiles per SM next_n 2 was 1.8 % slower)
     small = ({"math_wgs": 2, "maxnreg": 232, "ws_stages": 4}
              if spec.key.bits == 8 and spec.num_heads <= 64 and uses_ws(spec) else {})
-    # FP4 keys (paged_logits_e2m1) also take 2 stages: on the H200 (2026-12-04) 2 stages were
-    # faster than 3, 4 and 6 at every measured shape (B=128 ctx 32768: 261.2 us next_n 1 and
-    # 373.0 us next_n 2, vs 274.5 and 389.6 us with 6 stages)
+    # FP4 keys (paged_logits_e2m1) also take 2 stages: on the H200 (2026-12-04, an earlier form
+    # of the kernel, benchmarks/logs/h200_s33_call2_paged_fp4_v2.log) 3 stages were 0.1-1.9 %
+    # slower at 5 of 6 shapes (B=128 ctx 32768: 241.6 vs 237.2 us next_n 1, 380.3 vs 377.1 us
+    # next_n 2) and 2.2 % faster at B=32 ctx 8192 next_n 1; an unlogged sweep of the first form
+    # found 4 and 6 stages slower than 3
     return {"stages": 4 if spec.key.bits == 8 else 2, "promote": 0,
             "kernel": "ws" if uses_ws(spec) else "wgmma",
             # 3 math warpgroups (512 threads: <= 128 registers each) spill with more than 64 heads
