@@ -137,10 +137,11 @@ def e2m1_q_slots(spec: Spec, next_n: int) -> int:
     return 2 if next_n * spec.num_heads <= 64 else 1
 
 
-def e2m1_smem_bytes(spec: Spec, next_n: int, stages: int, q_slots: int = 2) -> int:
+def e2m1_smem_bytes(spec: Spec, next_n: int, stages: int, q_slots: int | None = None) -> int:
     """Dynamic shared memory of ``paged_logits_e2m1`` (``e2m1_smem_bytes`` in paged_logits.cu):
-    alignment slack, ``q_slots`` bf16 q buffers and weight buffers, ``stages`` packed key tiles
-    and their scale words."""
+    alignment slack, ``q_slots`` (default :func:`e2m1_q_slots`) bf16 q buffers and weight
+    buffers, ``stages`` packed key tiles and their scale words."""
+    q_slots = e2m1_q_slots(spec, next_n) if q_slots is None else q_slots
     n = next_n * spec.num_heads
     return 1024 + q_slots * (n * 2 * spec.head_dim + n * 4) + stages * (64 * spec.key_bytes_per_token + 64 * 4)
 
@@ -267,8 +268,7 @@ def wgmma_kernel_applies(spec: Spec, next_n: int, tuning: dict[str, Any] | None 
         return False
     if uses_e2m1_mma(spec):
         return (next_n * spec.num_heads <= E2M1_MAX_ROWS
-                and e2m1_smem_bytes(spec, next_n, int(tune["stages"]), e2m1_q_slots(spec, next_n))
-                <= MAX_SMEM_BYTES)
+                and e2m1_smem_bytes(spec, next_n, int(tune["stages"])) <= MAX_SMEM_BYTES)
     if not uses_wgmma(spec):
         return False
     return (ws_stages(spec, next_n, tune) > 0
@@ -754,8 +754,7 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "e2m1_mma": uses_e2m1_mma(spec) and tune["kernel"] in ("ws", "wgmma"),
         "e2m1_q_slots": {nn: e2m1_q_slots(spec, nn) for nn in spec.next_n},
         "e2m1_max_rows": E2M1_MAX_ROWS,
-        "e2m1_smem": {nn: e2m1_smem_bytes(spec, nn, int(tune["stages"]), e2m1_q_slots(spec, nn))
-                      for nn in spec.next_n},
+        "e2m1_smem": {nn: e2m1_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
         "stages": int(tune["stages"]),
         "promote": _promote_steps(spec, tune),
         "fuse": _fuse_max_n(spec, tune) > 0,

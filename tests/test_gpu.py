@@ -171,6 +171,19 @@ def test_small_work_and_main_kernels(dsagen_spec, cuda_ops, gen, repro):
             assert rel_err(got[v], cpu[v]) < logits_tolerance(spec, "cuda", next_n)[0], (max_len, repro)
 
 
+def test_many_short_requests(dsagen_spec, cuda_ops, gen, repro):
+    """2400 requests of 1..64 tokens (one tile each) then 800 of 1..300: every CTA of the
+    persistent grid walks several requests, so the kernels' q buffers are refilled while
+    earlier requests' tiles are in flight (the FP4 kernel's one or two q slots among them).
+    Within the verification bar, every element written, bitwise over reruns."""
+    from dsagen.verify import check_logits
+    for next_n in dsagen_spec.next_n:
+        for lens in (torch.randint(1, 65, (2400,), generator=gen).tolist(),
+                     torch.randint(1, 301, (800,), generator=gen).tolist()):
+            row = check_logits(cuda_ops, dsagen_spec, lens, next_n, gen, "cuda", reruns=3)
+            assert row.passed and row.deterministic, (next_n, len(lens), row.note, repro)
+
+
 def test_precomputed_schedule_gives_the_same_bits(dsagen_spec, cuda_ops, gen, repro):
     """paged_logits from a paged_logits_schedule equals, bitwise, the call that computes its
     own schedule: on the small-work and the main kernel, one and two schedule passes (B=600),

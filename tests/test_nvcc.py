@@ -122,10 +122,10 @@ def test_wgmma_kernel_applies(shipped):
     assert not uses_e2m1_mma(fp4.with_(num_heads=32)) and not uses_e2m1_mma(fp4.with_(num_heads=128))
     fp4_n4 = fp4.with_(next_n=[1, 2, 3, 4])
     assert [wgmma_kernel_applies(fp4_n4, nn) for nn in (1, 2, 3, 4)] == [True, True, False, False]
-    assert e2m1_smem_bytes(fp4, 2, 6) == 1024 + 2 * 128 * 256 + 6 * (64 * 68) + 2 * 128 * 4
+    assert e2m1_smem_bytes(fp4, 2, 6, 2) == 1024 + 2 * 128 * 256 + 6 * (64 * 68) + 2 * 128 * 4
     # one q buffer where a second would pass 32 KB (next_n 2 at 64 heads): 4 CTAs per SM, not 2
     assert e2m1_q_slots(fp4, 1) == 2 and e2m1_q_slots(fp4, 2) == 1
-    assert e2m1_smem_bytes(fp4, 2, 2, 1) == 1024 + 128 * 256 + 128 * 4 + 2 * 64 * 68
+    assert e2m1_smem_bytes(fp4, 2, 2) == e2m1_smem_bytes(fp4, 2, 2, 1) == 1024 + 128 * 256 + 128 * 4 + 2 * 64 * 68
     # scales in their own tensor: the WGMMA kernel reads them from kv_cache, so never it
     assert not uses_wgmma(fp8.with_(scale_placement="separate"))
     assert not wgmma_kernel_applies(fp8.with_(scale_placement="separate"), 1)

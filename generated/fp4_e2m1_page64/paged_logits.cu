@@ -519,7 +519,8 @@ __device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], const
 // memory straight into the A-operand registers of a bf16 WGMMA (M=64 keys x N=heads x K=16,
 // A from registers, q from 128B-swizzled shared memory): every key element goes through exactly
 // one thread, and k = e2m1 * 2^(e-127) is exact in bf16 (an e2m1 value has 2 significant bits;
-// bf16 has fp32's exponent range), so the products are exact and the sums fp32. Otherwise the
+// bf16 has fp32's exponent range) up to e = 252 (above it the largest codes overflow to inf, as
+// in fp32), so the products are exact and the sums fp32. Otherwise the
 // same persistent grid, device-side schedule, cp.async pipeline and epilogue as
 // paged_logits_wgmma (one warpgroup per CTA that both copies and computes).
 // ------------------------------------------------------------------------------------------
@@ -718,12 +719,13 @@ constexpr int e2m1_smem_bytes() {
   constexpr int N = NEXT_N * kNumHeads;
   return 1024 + kE2m1QSlots<NEXT_N> * (N * kQRowBytes + N * 4) + kStages * (kE2m1TileBytes + kTile * 4);
 }
-// CTAs per SM for __launch_bounds__: those that fit in shared memory (228 KB, 1 KB reserved per
-// CTA) and in the register file at about 64 registers per thread besides the accumulators
+// CTAs per SM for __launch_bounds__: those that fit in shared memory (228 KB; per CTA the
+// dynamic bytes, 1 KB of static shared memory (ptxas) and 1 KB the driver reserves) and in the
+// register file at about 64 registers per thread besides the accumulators
 // (next_n * num_heads / 2): 5 CTAs of up to 102 registers at next_n 1, 4 of 128 at next_n 2
 // (64 heads: 96 registers at next_n 1; 128 and 28 bytes of spills at next_n 2, which took 150
 // registers, so 3 CTAs, without the cap; the capped form is the one timed)
-template <int NEXT_N> constexpr int kE2m1SmemBlocks = 233472 / (e2m1_smem_bytes<NEXT_N>() + 1024);
+template <int NEXT_N> constexpr int kE2m1SmemBlocks = 233472 / (e2m1_smem_bytes<NEXT_N>() + 2048);
 template <int NEXT_N> constexpr int kE2m1RegBlocks = 512 / (NEXT_N * kNumHeads / 2 + 64);
 template <int NEXT_N>
 constexpr int kE2m1MinBlocks = kE2m1SmemBlocks<NEXT_N> < kE2m1RegBlocks<NEXT_N>
@@ -874,8 +876,10 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, int64_t num_pa
   // take the portable kernel
   const bool aligned = ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(weights) |
                          reinterpret_cast<uintptr_t>(kv_cache)) & 15) == 0;
-  // (next_n * num_heads <= 128: the shapes run on the H200; dsagen.codegen.E2M1_MAX_ROWS)
-  if (major == 9 && aligned && NEXT_N * kNumHeads <= 128 && e2m1_smem_bytes<NEXT_N>() <= 227 * 1024) {
+  // only where next_n * num_heads <= 128 (the shapes run on the H200;
+  // dsagen.codegen.E2M1_MAX_ROWS): not even compiled for the others
+  if constexpr (NEXT_N * kNumHeads <= 128)
+  if (major == 9 && aligned && e2m1_smem_bytes<NEXT_N>() <= 227 * 1024) {
     static int blocks_per_sm[kMaxDevices] = {};
     const int smem = e2m1_smem_bytes<NEXT_N>();
     if (blocks_per_sm[dev] == 0) {
