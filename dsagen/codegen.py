@@ -109,7 +109,7 @@ def uses_wgmma(spec: Spec) -> bool:
 
 
 # paged_logits_e2m1 runs where next_n * num_heads <= 128 (next_n 1 and 2 at 64 heads, the shapes
-# verified on the H200); it is compiled for every next_n of the spec
+# verified on the H200); launch() does not instantiate it for a larger next_n
 E2M1_MAX_ROWS = 128
 
 

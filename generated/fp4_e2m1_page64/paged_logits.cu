@@ -520,9 +520,9 @@ __device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], const
 // A from registers, q from 128B-swizzled shared memory): every key element goes through exactly
 // one thread, and k = e2m1 * 2^(e-127) is exact in bf16 (an e2m1 value has 2 significant bits;
 // bf16 has fp32's exponent range) up to e = 252 (above it the largest codes overflow to inf, as
-// in fp32), so the products are exact and the sums fp32. Otherwise the
-// same persistent grid, device-side schedule, cp.async pipeline and epilogue as
-// paged_logits_wgmma (one warpgroup per CTA that both copies and computes).
+// in fp32), so the products are exact and the sums fp32. Otherwise the same persistent grid,
+// device-side schedule, cp.async pipeline and epilogue as paged_logits_wgmma (one warpgroup per
+// CTA that both copies and computes).
 // ------------------------------------------------------------------------------------------
 constexpr int kE2m1RowBytes = kKeyBytes;                  // packed key row: head_dim / 2 bytes
 constexpr int kE2m1Chunks = kE2m1RowBytes / 16;           // 16-byte chunks of a row = scale blocks
@@ -633,8 +633,8 @@ __device__ __forceinline__ void e2m1_permute_q(uint8_t* buf, int tid_) {
 }
 
 // The A fragments of the thread's keys r0 and r1 (rows of 64 packed bytes at sk; ue8m0 bytes
-// e0, e1 of the thread's block): K step s, register j = (2h + row): see e2m1_permute_q. FAST: every
-// scale of the warp is at most 2 (e <= 128), so one bf16 multiply by 2^(e-1) turns the bits
+// e0, e1 of the thread's block): K step s, register j = (2h + row): see e2m1_permute_q.
+// FAST: every scale of the warp is at most 2 (e <= 128), so one bf16 multiply by 2^(e-1) turns the bits
 // (value * 2^-126) into value * 2^(e-127) exactly; otherwise by 2^126, then by 2^(e-127).
 template <bool FAST>
 __device__ __forceinline__ void e2m1_fragments(const uint8_t* sk, int r0, int r1, int t, uint32_t e0, uint32_t e1,
@@ -667,7 +667,8 @@ __device__ __forceinline__ void e2m1_fragments(const uint8_t* sk, int r0, int r1
 // (e2m1_fragments: bytes 16t..16t+15 of each, t = lane % 4, and their one scale each; one
 // multiply where every scale of the warp is at most 2), then one WGMMA chain per next_n
 // position, each its own commit group, so a position's epilogue (relu * w, head sums) overlaps
-// the next one's tensor-core work; then the quad reduction, the mask and the store of logits[b*NEXT_N + i, j0 + key] (`out`).
+// the next one's tensor-core work; then the quad reduction, the mask and the store of
+// logits[b*NEXT_N + i, j0 + key] (`out`).
 template <int NEXT_N>
 __device__ __forceinline__ void e2m1_tile_logits(const uint8_t* sk, const uint32_t* ssc, uint32_t b_base,
                                                  const float* sw, const LogitsOut<NEXT_N>& out, int j0, int tid) {
