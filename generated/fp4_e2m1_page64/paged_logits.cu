@@ -513,97 +513,6 @@ __device__ __forceinline__ void store_logits(const float (&v)[2 * NEXT_N], const
   out.store(x, f, j0);
 }
 
-// The persistent loop of the one-warpgroup sm_90a kernels (paged_logits_wgmma and
-// paged_logits_e2m1): this CTA's units [lo, hi) of the device-side schedule, 64-token tiles
-// copied with cp.async (one commit group per tile, up to kStages in flight) and scored in order.
-// A request's q (rows of kQRow bytes, swizzled into sq) and weights (into sw) go into one of
-// kSlots buffers (1 or 2) with its first tile; with 2, the next request's are fetched while the
-// current one's tiles are scored. The kernel supplies:
-//   issue_tile(stage, b, j0, len, page): the cp.async of the tile at token j0 of request b (len:
-//     its visible tokens; page: the block_table entry of the tile's page, read one tile ahead,
-//     when a tile lies inside a page, else 0) into stage `stage`;
-//   begin(slot): once per request, after its first tile (and its q) arrived, before it is scored;
-//   consume(stage, slot, j0, out): the logits of the tile at token j0 (`out`: where they go).
-// Every thread of the CTA calls it (tid: threadIdx.x; it synchronizes); it also writes the -inf
-// tail of clean_logits.
-template <int NEXT_N, int kQRow, int kSlots, typename IssueTile, typename Begin, typename Consume>
-__device__ __forceinline__ void cp_async_tile_loop(const uint8_t* __restrict__ q, const float* __restrict__ weights,
-                                                   const int* __restrict__ context_lens, bool ctx_2d,
-                                                   const int* __restrict__ block_table, int64_t bt_stride,
-                                                   float* __restrict__ logits, int64_t max_context_len, int batch,
-                                                   bool clean_logits, uint8_t* sq, float* sw, int tid,
-                                                   IssueTile&& issue_tile, Begin&& begin, Consume&& consume) {
-  static_assert(kSlots == 1 || kSlots == 2, "one or two q buffers");
-  constexpr int N = NEXT_N * kNumHeads;
-  constexpr int kQBytes = N * kQRow;
-  const int max_len = int(max_context_len);
-  int lo, hi, first_b, first_tile;
-  schedule<NEXT_N, kTile, 128>(context_lens, ctx_2d, batch, max_len, lo, hi, first_b, first_tile);
-
-  if (lo < hi) {
-    Cursor<NEXT_N, kTile> prod{first_b, first_tile, 0};
-    prod.len = request_len<NEXT_N>(context_lens, ctx_2d, prod.b, max_len);
-    Cursor<NEXT_N, kTile> cons = prod;
-    int issued = lo, consumed = lo;
-    int prod_b = -1, prod_slot = 1;                      // q slot of the last issued request
-    int last_use0 = -1, last_use1 = -1;                  // last unit that reads q slot 0 / 1
-    int cons_b = -1, cons_slot = 1;
-    int bound[NEXT_N];                                   // visible keys of each row (consumer's request)
-    LogitsOut<NEXT_N> out;                               // where its logits go
-    // page of the producer's next tile, loaded one tile ahead so its latency is hidden
-    constexpr bool kTileInPage = kPageSize % kTile == 0;
-    int next_page = kTileInPage ? __ldg(block_table + int64_t(prod.b) * bt_stride + prod.unit * kTile / kPageSize) : 0;
-
-    while (consumed < hi) {
-      // ---- producer: keep up to kStages tiles in flight --------------------------------------
-      while (issued < hi && issued - consumed < kStages) {
-        const int b = prod.b;
-        if (b != prod_b) {
-          const int slot = kSlots == 2 ? prod_slot ^ 1 : 0;
-          if ((slot ? last_use1 : last_use0) >= consumed) break;   // slot still read: consume first
-          const uint8_t* qsrc = q + int64_t(b) * kQBytes;
-          const uint32_t qdst = smem_u32(sq + slot * kQBytes);
-          for (int idx = tid; idx < kQBytes / 16; idx += 128) {
-            const int row = idx / (kQRow / 16), chunk = idx % (kQRow / 16);
-            cp_async16(qdst + swz(N, row, chunk), qsrc + int64_t(row) * kQRow + chunk * 16, true);
-          }
-          for (int idx = tid; idx < N / 4; idx += 128)
-            cp_async16(smem_u32(sw + slot * N + idx * 4), weights + int64_t(b) * N + idx * 4, true);
-          prod_b = b;
-          prod_slot = slot;
-        }
-        if (prod_slot) last_use1 = issued; else last_use0 = issued;
-        issue_tile(issued % kStages, b, prod.unit * kTile, prod.len, next_page);
-        cp_async_commit();
-        ++issued;
-        prod.advance(context_lens, ctx_2d, batch, max_len);
-        if (kTileInPage && issued < hi)
-          next_page = __ldg(block_table + int64_t(prod.b) * bt_stride + prod.unit * kTile / kPageSize);
-      }
-
-      // ---- consumer ----------------------------------------------------------------------------
-      cp_async_wait_dyn(issued - consumed - 1);
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // q, read by the tensor core
-      __syncthreads();
-
-      const int b = cons.b;
-      if (b != cons_b) {
-        cons_b = b;
-        cons_slot = kSlots == 2 ? cons_slot ^ 1 : 0;
-#pragma unroll
-        for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
-        out.set(bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len, max_len, clean_logits, tid);
-        begin(cons_slot);
-      }
-      consume(consumed % kStages, cons_slot, cons.unit * kTile, out);
-      ++consumed;
-      cons.advance(context_lens, ctx_2d, batch, max_len);
-      __syncthreads();   // the stage may be refilled now
-    }
-  }
-  if (clean_logits) fill_tail<NEXT_N>(context_lens, ctx_2d, batch, max_len, logits, max_context_len, tid, 128);
-}
-
 // ------------------------------------------------------------------------------------------
 // sm_90a kernel for e2m1 (FP4) keys with ue8m0 block scales and bf16 q: paged_logits_e2m1.
 // Hopper has no FP4 MMA, so each math thread dequantizes its part of a key tile from shared
@@ -842,33 +751,90 @@ paged_logits_e2m1(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv_
   float* sw = reinterpret_cast<float*>(ssc + kStages * kTile);                  // [kSlots][N]
 
   const int tid = threadIdx.x;
-  static_assert(kPageSize % kTile == 0, "a tile's keys lie in one page");
-  cp_async_tile_loop<NEXT_N, kQRowBytes, kSlots>(
-      q, weights, context_lens, ctx_2d, block_table, bt_stride, logits, max_context_len, batch, clean_logits, sq, sw,
-      tid,
-      [&](int stage, int, int j0, int len, int page) {
+  const int max_len = int(max_context_len);
+  int lo, hi, first_b, first_tile;
+  schedule<NEXT_N, kTile, 128>(context_lens, ctx_2d, batch, max_len, lo, hi, first_b, first_tile);
+
+  if (lo < hi) {
+    Cursor<NEXT_N, kTile> prod{first_b, first_tile, 0};
+    prod.len = request_len<NEXT_N>(context_lens, ctx_2d, prod.b, max_len);
+    Cursor<NEXT_N, kTile> cons = prod;
+    int issued = lo, consumed = lo;
+    int prod_b = -1, prod_slot = 1;                      // q slot of the last issued request
+    int last_use0 = -1, last_use1 = -1;                  // last unit that reads q slot 0 / 1
+    int cons_b = -1, cons_slot = 1;
+    int bound[NEXT_N];
+    LogitsOut<NEXT_N> out;
+    int next_page = __ldg(block_table + int64_t(prod.b) * bt_stride + prod.unit * kTile / kPageSize);
+
+    while (consumed < hi) {
+      // ---- producer: keep up to kStages tiles in flight --------------------------------------
+      while (issued < hi && issued - consumed < kStages) {
+        const int b = prod.b;
+        if (b != prod_b) {
+          const int slot = kSlots == 2 ? prod_slot ^ 1 : 0;
+          if ((slot ? last_use1 : last_use0) >= consumed) break;   // slot still read: consume first
+          const uint8_t* qsrc = q + int64_t(b) * kQBytes;
+          const uint32_t qdst = smem_u32(sq + slot * kQBytes);
+          for (int idx = tid; idx < kQBytes / 16; idx += 128) {
+            const int row = idx / (kQRowBytes / 16), chunk = idx % (kQRowBytes / 16);
+            cp_async16(qdst + swz(N, row, chunk), qsrc + int64_t(row) * kQRowBytes + chunk * 16, true);
+          }
+          for (int idx = tid; idx < N / 4; idx += 128)
+            cp_async16(smem_u32(sw + slot * N + idx * 4), weights + int64_t(b) * N + idx * 4, true);
+          prod_b = b;
+          prod_slot = slot;
+        }
+        if (prod_slot) last_use1 = issued; else last_use0 = issued;
+        const int stage = issued % kStages;
+        const int j0 = prod.unit * kTile;
         const uint32_t kdst = smem_u32(sk + stage * kE2m1TileBytes);
+        const int page = next_page;
 #pragma unroll
         for (int c = 0; c < kE2m1TileBytes / 16 / 128; ++c) {
           const int idx = tid + c * 128;
           const int row = idx / kE2m1Chunks, chunk = idx % kE2m1Chunks;
           const int j = j0 + row;
-          const bool valid = j < len;
+          const bool valid = j < prod.len;
           const int64_t slot = valid ? int64_t(page) * kPageSize + j % kPageSize : 0;
           cp_async16(kdst + idx * 16, kv_cache + key_offset(slot) + chunk * 16, valid);   // rows in order
         }
         if (tid < kTile) {
           const int j = j0 + tid;
-          const bool valid = j < len;
+          const bool valid = j < prod.len;
           const int64_t slot = valid ? int64_t(page) * kPageSize + j % kPageSize : 0;
           cp_async4(smem_u32(ssc + stage * kTile + tid), kv_cache + scale_offset(slot), valid);
         }
-      },
-      [&](int slot) { e2m1_permute_q<N>(sq + slot * kQBytes, tid); },   // into the K order of e2m1_fragments
-      [&](int stage, int slot, int j0, const LogitsOut<NEXT_N>& out) {
-        e2m1_tile_logits<NEXT_N>(sk + stage * kE2m1TileBytes, ssc + stage * kTile, smem_u32(sq + slot * kQBytes),
-                                 sw + slot * N, out, j0, tid);
-      });
+        cp_async_commit();
+        ++issued;
+        prod.advance(context_lens, ctx_2d, batch, max_len);
+        if (issued < hi)
+          next_page = __ldg(block_table + int64_t(prod.b) * bt_stride + prod.unit * kTile / kPageSize);
+      }
+
+      // ---- consumer ----------------------------------------------------------------------------
+      cp_async_wait_dyn(issued - consumed - 1);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // q, read by the tensor core
+      __syncthreads();
+
+      const int b = cons.b;
+      if (b != cons_b) {
+        cons_b = b;
+        cons_slot = kSlots == 2 ? cons_slot ^ 1 : 0;
+#pragma unroll
+        for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
+        out.set(bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len, max_len, clean_logits, tid);
+        e2m1_permute_q<N>(sq + cons_slot * kQBytes, tid);   // into the K order of e2m1_fragments
+      }
+      const int stage = consumed % kStages;
+      e2m1_tile_logits<NEXT_N>(sk + stage * kE2m1TileBytes, ssc + stage * kTile, smem_u32(sq + cons_slot * kQBytes),
+                               sw + cons_slot * N, out, cons.unit * kTile, tid);
+      ++consumed;
+      cons.advance(context_lens, ctx_2d, batch, max_len);
+      __syncthreads();   // the stage may be refilled now
+    }
+  }
+  if (clean_logits) fill_tail<NEXT_N>(context_lens, ctx_2d, batch, max_len, logits, max_context_len, tid, 128);
 #endif
 }
 
