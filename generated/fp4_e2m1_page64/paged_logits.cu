@@ -763,9 +763,11 @@ paged_logits_e2m1(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv_
     int prod_b = -1, prod_slot = 1;                      // q slot of the last issued request
     int last_use0 = -1, last_use1 = -1;                  // last unit that reads q slot 0 / 1
     int cons_b = -1, cons_slot = 1;
-    int bound[NEXT_N];
-    LogitsOut<NEXT_N> out;
-    int next_page = __ldg(block_table + int64_t(prod.b) * bt_stride + prod.unit * kTile / kPageSize);
+    int bound[NEXT_N];                                   // visible keys of each row (consumer's request)
+    LogitsOut<NEXT_N> out;                               // where its logits go
+    // page of the producer's next tile, loaded one tile ahead so its latency is hidden
+    constexpr bool kTileInPage = kPageSize % kTile == 0;
+    int next_page = kTileInPage ? __ldg(block_table + int64_t(prod.b) * bt_stride + prod.unit * kTile / kPageSize) : 0;
 
     while (consumed < hi) {
       // ---- producer: keep up to kStages tiles in flight --------------------------------------
@@ -808,7 +810,7 @@ paged_logits_e2m1(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv_
         cp_async_commit();
         ++issued;
         prod.advance(context_lens, ctx_2d, batch, max_len);
-        if (issued < hi)
+        if (kTileInPage && issued < hi)
           next_page = __ldg(block_table + int64_t(prod.b) * bt_stride + prod.unit * kTile / kPageSize);
       }
 

@@ -790,6 +790,7 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
   float* sw = sscale + kStages * kTile;                 // [2][N]
 
   const int tid = threadIdx.x;
+  constexpr int kSlots = 2;
   const int max_len = int(max_context_len);
   int lo, hi, first_b, first_tile;
   schedule<NEXT_N, kTile, 128>(context_lens, ctx_2d, batch, max_len, lo, hi, first_b, first_tile);
@@ -813,7 +814,7 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
       while (issued < hi && issued - consumed < kStages) {
         const int b = prod.b;
         if (b != prod_b) {
-          const int slot = prod_slot ^ 1;
+          const int slot = kSlots == 2 ? prod_slot ^ 1 : 0;
           if ((slot ? last_use1 : last_use0) >= consumed) break;   // slot still read: consume first
           const uint8_t* qsrc = q + int64_t(b) * kQBytes;
           const uint32_t qdst = smem_u32(sq + slot * kQBytes);
@@ -861,13 +862,13 @@ paged_logits_wgmma(const uint8_t* __restrict__ q, const uint8_t* __restrict__ kv
 
       // ---- consumer ----------------------------------------------------------------------------
       cp_async_wait_dyn(issued - consumed - 1);
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // q, read by the tensor core
       __syncthreads();
 
       const int b = cons.b;
       if (b != cons_b) {
         cons_b = b;
-        cons_slot ^= 1;
+        cons_slot = kSlots == 2 ? cons_slot ^ 1 : 0;
 #pragma unroll
         for (int i = 0; i < NEXT_N; ++i) bound[i] = row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
         out.set(bound, logits + int64_t(b) * NEXT_N * max_context_len, max_context_len, max_len, clean_logits, tid);
