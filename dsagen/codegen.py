@@ -108,6 +108,32 @@ def uses_wgmma(spec: Spec) -> bool:
             and spec.key_align >= 4)
 
 
+def mma_applies(spec: Spec) -> bool:
+    """Whether the portable tensor-core kernel (``paged_logits_mma``, tuning ``portable``
+    ``"mma"``: warp-level ``mma.sync``, e4m3 m16n8k32 or bf16/f16 m16n8k16, which every device
+    of compute capability 8.9 or later has, sm_90a and sm_100a alike) can score this layout:
+    e4m3, bf16 or fp16 keys (q of the same type), key rows of a multiple of 32 bytes at 4-byte
+    aligned offsets, and at most one scale per token (fp32 or ue8m0, in any placement).
+    Block scales and e2m1 keys take the CUDA-core kernel."""
+    return (spec.key_dtype in ("e4m3", "bf16", "fp16") and spec.scales_per_token <= 1
+            and spec.key_bytes_per_token % 32 == 0 and spec.key_align % 4 == 0)
+
+
+def mma_smem_bytes(spec: Spec, next_n: int) -> int:
+    """Dynamic shared memory of one ``paged_logits_mma`` CTA (``mma_smem_bytes`` in
+    paged_logits.cu): a request's ``next_n * num_heads`` q rows in B-fragment order and their
+    fp32 weights."""
+    return next_n * spec.num_heads * (spec.key_bytes_per_token + 4)
+
+
+def _portable(tune: dict[str, Any]) -> str:
+    """The tuning ``portable`` (``"simt"`` or ``"mma"``); ValueError otherwise."""
+    v = tune["portable"]
+    if v not in ("simt", "mma"):
+        raise ValueError(f"tuning portable={v!r}: must be 'simt' or 'mma'")
+    return v
+
+
 # paged_logits_e2m1 runs where next_n * num_heads <= 128 (next_n 1 and 2 at 64 heads, the shapes
 # verified on the H200); launch() does not instantiate it for a larger next_n
 E2M1_MAX_ROWS = 128
@@ -291,8 +317,14 @@ def paged_logits_kernel(spec: Spec, next_n: int, batch: int, max_context_len: in
     """Which paged-logits kernel a call runs on a device of compute capability ``major`` with
     ``sms`` SMs (the launch's choice, given 16-byte aligned q, weights and kv_cache, as every
     fresh allocation is): ``"ws (small)"`` (the small-work kernel of tuning ``small``), ``"ws"``,
-    ``"wgmma"`` or ``"simt"`` (the CUDA-core kernel: every device but sm_90)."""
+    ``"wgmma"``, ``"mma"`` (the portable tensor-core kernel of tuning ``portable`` ``"mma"``,
+    where :func:`mma_applies` and a request's q fits in ``MAX_SMEM_BYTES``) or ``"simt"`` (the
+    CUDA-core kernel); the last two on every device but sm_90, and on sm_90 where no sm_90a
+    kernel applies or the tuning's ``kernel`` is ``"simt"``."""
     if major != 9 or not wgmma_kernel_applies(spec, next_n, tuning):
+        if (_portable(effective_tuning(spec, tuning)) == "mma" and mma_applies(spec)
+                and mma_smem_bytes(spec, next_n) <= MAX_SMEM_BYTES):
+            return "mma"
         return "simt"
     bound = small_work_max_len(spec, next_n, batch, sms, tuning)
     if bound is not None and max_context_len <= bound:
@@ -425,6 +457,13 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     was 2.2-2.7 / 1.4-2.4 % faster than the lean form everywhere at those two (two A/B calls)
     and the same at B=128 ctx 32768, where no lean form at all was 2.0 % slower (see
     benchmarks/RESULTS.md, nineteenth and twentieth sessions).
+    ``portable``: the kernel that runs where no sm_90a kernel does (every device but sm_90, and
+    sm_90 where the layout has none or ``kernel`` is ``"simt"``): ``"simt"`` (the default: the fp32
+    CUDA-core kernel) or ``"mma"`` (``paged_logits_mma``, warp-level ``mma.sync`` tensor-core
+    tiles, where :func:`mma_applies`; elsewhere the CUDA-core kernel). ``"mma"`` was written in the
+    thirty-fifth session, when no GPU was lent: it compiles for sm_90a and sm_100a but has not
+    run on any device, so it is not a default; ``{"kernel": "simt", "portable": "mma"}`` runs it
+    on the H200.
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
@@ -462,7 +501,10 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             # off: it speeds up random slots but slows whole pages, a prefill's pattern (see
             # the docstring)
             "store_prefetch": False,
-            "store_prefetch_min_n": 4096}
+            "store_prefetch_min_n": 4096,
+            # not yet run on a GPU (written in the thirty-fifth session, no device lent): the
+            # CUDA-core kernel stays the portable default until paged_logits_mma is verified
+            "portable": "simt"}
 
 
 def _store_prefetch(tune: dict[str, Any]) -> bool:
@@ -495,6 +537,7 @@ def _check_counts(tune: dict[str, Any]) -> None:
         raise ValueError(f"tuning store_lanes={v!r}: must be 2, 4, 8, 16 or 32")
     _kv_evict_first(tune)
     _store_prefetch(tune)
+    _portable(tune)
     _loop(tune)
     _lean_loop(tune)
 
@@ -752,6 +795,7 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
                     for nn in spec.next_n},
         "wgmma_smem": {nn: wgmma_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
         "e2m1_mma": uses_e2m1_mma(spec) and tune["kernel"] in ("ws", "wgmma"),
+        "portable_mma": _portable(tune) == "mma" and mma_applies(spec),
         "e2m1_q_slots": {nn: e2m1_q_slots(spec, nn) for nn in spec.next_n},
         "e2m1_max_rows": E2M1_MAX_ROWS,
         "e2m1_smem": {nn: e2m1_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},

@@ -371,6 +371,23 @@ def test_ws_stages_per_next_n(shipped):
         small_tuning(fp8, {"small": {"maxnreg": 232, "math_wgs": 2, "ws_stages": {"1": 3}}})
 
 
+def test_portable_tuning(shipped):
+    """Tuning ``portable``: "simt" (the default) or "mma"; the mma kernel is rendered only under
+    it and only where :func:`mma_applies` (every shipped layout but FP4)."""
+    from dsagen.codegen import mma_applies, mma_smem_bytes
+    assert {n for n, s in shipped.items() if not mma_applies(s)} == {"fp4_e2m1_page64"}
+    for bad in ("wgmma", "", None, True):
+        with pytest.raises(ValueError, match="tuning portable=.*'simt' or 'mma'"):
+            render(shipped["fp8_e4m3_page64"], {"portable": bad})
+    for name, spec in shipped.items():
+        plain = render(spec)["paged_logits.cu"]
+        tuned = render(spec, {"portable": "mma"})["paged_logits.cu"]
+        assert "paged_logits_mma" not in plain
+        assert ("paged_logits_mma<NEXT_N><<<" in tuned) == mma_applies(spec), name
+    # q rows in B-fragment order plus fp32 weights
+    assert mma_smem_bytes(shipped["fp8_e4m3_page64"], 2) == 2 * 64 * (128 + 4)
+
+
 def test_paged_logits_kernel_choice(shipped):
     """The kernel a call runs, as the launch picks it (small-work bound: batch * ceil(max/64)
     <= small_tiles * SMs, on sm_90 only)."""
@@ -383,5 +400,13 @@ def test_paged_logits_kernel_choice(shipped):
     assert paged_logits_kernel(fp8, 1, 32, 8192, 148, 10) == "simt"
     assert paged_logits_kernel(bf16, 1, 32, 8192, 132, 9) == "ws"
     assert paged_logits_kernel(page1, 1, 32, 8192, 132, 9) == "wgmma"
+    # tuning portable "mma": the portable tensor-core kernel wherever the portable path runs
+    mma = {"portable": "mma"}
+    assert paged_logits_kernel(fp8, 1, 32, 8192, 148, 10, mma) == "mma"
+    assert paged_logits_kernel(fp8, 1, 32, 8192, 132, 9, mma) == "ws (small)"
+    assert paged_logits_kernel(page1, 2, 32, 8192, 132, 9, {"kernel": "simt", **mma}) == "mma"
+    assert paged_logits_kernel(page1, 2, 32, 8192, 132, 9, {"kernel": "simt"}) == "simt"
+    fp4 = shipped["fp4_e2m1_page64"]
+    assert paged_logits_kernel(fp4, 1, 32, 8192, 148, 10, mma) == "simt"      # e2m1: not mma_applies
     assert small_work_max_len(fp8, 2, 40, 132) == 8448 and small_work_max_len(fp8, 1, 5281, 132) == 0
     assert small_work_max_len(bf16, 1, 40, 132) is None and small_work_max_len(fp8, 1, 40, 132, {"small": {}}) is None

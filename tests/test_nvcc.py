@@ -54,6 +54,53 @@ def test_nvcc_compiles_small_ws_under_another_main_kernel(nvcc, tmp_path):
     assert results and not bad, "\n\n".join(f"{r.source} for {r.arch} failed:\n{r.log[-6000:]}" for r in bad)
 
 
+# paged_logits_mma (tuning ``portable`` "mma") for both targets: 16-byte key loads (page-tail
+# fp8, bf16 and ue8m0), 4-byte loads (token-interleaved 132-byte rows, one token per page),
+# separate scales, 8-byte lanes (fp8 head_dim 32), one 16-key tile per warp step (bf16 head_dim 256)
+_MMA_SPECS = {
+    "fp8_e4m3_page64": None, "bf16_page64": None, "fp8_e4m3_ue8m0_page64": None,
+    "fp8_e4m3_interleaved_page64": None, "fp8_e4m3_page1": None, "fp16_page64": None,
+    "t_fp8_separate_page32": "fp8_separate_page32",
+    "t_fp8_d32_page64": dict(name="t_fp8_d32_page64", head_dim=32, page_size=64, key={"dtype": "e4m3"},
+                             scale={"dtype": "fp32", "block": 32, "placement": "page_tail"},
+                             logits={"num_heads": 8, "next_n": [1, 3]}, targets=["sm_90a", "sm_100a"]),
+    "t_bf16_d256_h128_page64": dict(name="t_bf16_d256_h128_page64", head_dim=256, page_size=64,
+                                    key={"dtype": "bf16"}, scale={"dtype": "none"},
+                                    logits={"num_heads": 128, "next_n": [1, 2]}, targets=["sm_90a", "sm_100a"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MMA_SPECS))
+def test_nvcc_compiles_portable_mma(name, nvcc, tmp_path):
+    """The portable tensor-core kernel compiles for sm_90a and sm_100a without spilling; it is
+    rendered only under the tuning (the default sources stay the CUDA-core kernel's)."""
+    import re
+    import subprocess
+    import dsagen
+    from conftest import SPECS, VARIANTS
+    from dsagen.codegen import mma_applies
+    from dsagen.jit import NVCC_FLAGS, NVCC_STD, cutlass_include_dir
+    from dsagen.spec import Spec
+    v = _MMA_SPECS[name]
+    spec = (dsagen.load_spec(SPECS[name]) if v is None else
+            Spec.from_dict(VARIANTS[v] if isinstance(v, str) else v, source=f"<{name}>"))
+    assert mma_applies(spec)
+    assert "paged_logits_mma" not in render(spec)["paged_logits.cu"]
+    src = render(spec, {"kernel": "simt", "portable": "mma"})
+    for f in ("layout.h", "paged_logits.cu"):
+        (tmp_path / f).write_text(src[f])
+    for arch in ARCHS:
+        r = subprocess.run([nvcc, *NVCC_FLAGS, *NVCC_STD, f"-gencode=arch=compute_{arch[3:]},code={arch}",
+                            "-I", str(tmp_path), "-I", cutlass_include_dir(), "-Xptxas", "-v", "-c",
+                            str(tmp_path / "paged_logits.cu"), "-o", str(tmp_path / f"pl.{arch}.o")],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-6000:]
+        entries = re.findall(r"entry function '(\w+)'[^\n]*\n[^\n]*\n\s*\d+ bytes stack frame, (\d+) bytes spill stores", r.stderr)
+        mma = [(fn, int(n)) for fn, n in entries if "paged_logits_mma" in fn]
+        assert len(mma) == len(spec.next_n), (arch, entries)
+        assert all(n == 0 for _, n in mma), (arch, mma)
+
+
 # The CPU torch wheel ships ATen/c10 CUDA headers but not the CUDA libraries' headers they
 # include; these stand-ins declare just the handle and status types the headers name, so the
 # host side of the CUDA build (bindings.cpp with DSAGEN_WITH_CUDA) can be compiled here.
