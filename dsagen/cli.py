@@ -19,6 +19,18 @@ class UsageFailure(click.ClickException):
     exit_code = 2
 
 
+def _writable(path, what: str = "--json") -> None:
+    """UsageFailure unless ``path`` can be written (its folder exists and is writable, and it
+    is not a folder), checked before the work whose results go there."""
+    import os
+    if path is None:
+        return
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageFailure(f"{what} {path}: cannot write there (the folder must exist and be writable)")
+
+
 def _specs(paths) -> list[Spec]:
     try:
         return [load_spec(p) for p in paths]
@@ -62,23 +74,37 @@ def render(specs, out):
     """Render the sources of each spec into generated/<name>/."""
     from .codegen import write_generated
     for s in _specs(specs):
-        d = write_generated(s, Path(out) / s.name if out else None)
+        try:
+            d = write_generated(s, Path(out) / s.name if out else None)
+        except OSError as e:
+            raise UsageFailure(f"--out {out or 'generated/'}: cannot write {s.name}'s sources "
+                               f"({e.strerror or e})") from None
         click.echo(f"{s.name}: rendered into {d}")
 
 
-def _run_verify(spec: Spec, ops, device: str, json_rows: list) -> bool:
+def _fresh_seed(seed: int | None) -> int:
+    """``seed``, or a fresh one (the sweep draws new random inputs on every run; the report
+    prints the seed, and ``--seed`` repeats a run's inputs)."""
+    import random
+    return seed if seed is not None else random.SystemRandom().randrange(2**31)
+
+
+def _run_verify(spec: Spec, ops, device: str, json_rows: list, seed: int | None = None) -> bool:
     from .verify import verify
     t0 = time.time()
-    click.echo(f"[{spec.name}] verifying {device} kernels against the PyTorch reference (float64) ...")
-    rep = verify(spec, ops, device)
+    seed = _fresh_seed(seed)
+    click.echo(f"[{spec.name}] verifying {device} kernels against the PyTorch reference (float64), "
+               f"seed {seed} ...")
+    rep = verify(spec, ops, device, seed=seed)
     click.echo(rep.table())
     click.echo(f"[{spec.name}] {device}: {'PASSED' if rep.passed else 'FAILED'} "
                f"({len(rep.rows)} cases, {time.time() - t0:.1f} s)")
-    json_rows.append(rep.to_dict())
+    json_rows.append({**rep.to_dict(), "seed": seed})
     return rep.passed
 
 
-def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True, unrun: set | None = None) -> bool:
+def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True, unrun: set | None = None,
+                 uncompiled: set | None = None, seed: int | None = None) -> bool:
     import torch
 
     from . import jit
@@ -96,9 +122,9 @@ def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True, unrun: se
     except jit.BuildError as e:
         click.echo(f"[{spec.name}] BUILD FAILED:\n{e}", err=True)
         return False
-    ok &= _run_verify(spec, ops, "cpu", json_rows)
+    ok &= _run_verify(spec, ops, "cpu", json_rows, seed)
     if archs:
-        ok &= _run_verify(spec, ops, "cuda", json_rows)
+        ok &= _run_verify(spec, ops, "cuda", json_rows, seed)
     not_run = [t for t in spec.targets if t not in archs]
     if unrun is not None:
         unrun.update(not_run)
@@ -107,6 +133,8 @@ def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True, unrun: se
     if not_run and nvcc_check:
         if jit.find_nvcc() is None:
             click.echo(f"[{spec.name}] nvcc not found: CUDA for {not_run} NOT compiled")
+            if uncompiled is not None:
+                uncompiled.update(not_run)
         else:
             click.echo(f"[{spec.name}] compiling CUDA sources with nvcc {jit.nvcc_version()} for {not_run} ...")
             import tempfile
@@ -127,7 +155,9 @@ def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True, unrun: se
 @click.argument("specs", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "json_out", type=click.Path(), default=None, help="Write the reports as JSON.")
 @click.option("--no-nvcc", is_flag=True, help="Skip the compile-only check of targets without a device.")
-def compile(specs, json_out, no_nvcc):  # noqa: A001 - the command is called compile
+@click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=None,
+              help="Seed of the verification's random inputs (default: a fresh one, printed).")
+def compile(specs, json_out, no_nvcc, seed):  # noqa: A001 - the command is called compile
     """Render, build, verify each spec; compile (not run) CUDA for targets with no local device.
 
     \b
@@ -137,17 +167,27 @@ def compile(specs, json_out, no_nvcc):  # noqa: A001 - the command is called com
     every variable).
     \b
     Exit status: 0 every spec verified (and compiled for targets with no
-    device), 1 a kernel disagrees with the reference or a build failed,
-    2 a bad spec or bad usage.
+    device, where nvcc is found; the last line says which were not), 1 a
+    kernel disagrees with the reference or a build failed, 2 a bad spec or
+    bad usage.
     """
+    _writable(json_out)
     rows: list = []
     ok = True
     unrun: set = set()
+    uncompiled: set = set()
     for s in _specs(specs):
-        ok &= _compile_one(s, rows, nvcc_check=not no_nvcc, unrun=unrun)
+        ok &= _compile_one(s, rows, nvcc_check=not no_nvcc, unrun=unrun, uncompiled=uncompiled, seed=seed)
     if json_out:
         Path(json_out).write_text(json.dumps(rows, indent=1))
-    what = "CUDA for " + ", ".join(sorted(unrun)) + (" not compiled (--no-nvcc)" if no_nvcc else " compiled only")
+    if no_nvcc:
+        what = "CUDA for " + ", ".join(sorted(unrun)) + " not compiled (--no-nvcc)"
+    elif uncompiled:
+        what = "CUDA for " + ", ".join(sorted(uncompiled)) + " NOT compiled: nvcc not found"
+        if unrun - uncompiled:
+            what = "CUDA for " + ", ".join(sorted(unrun - uncompiled)) + " compiled only; " + what
+    else:
+        what = "CUDA for " + ", ".join(sorted(unrun)) + " compiled only"
     click.echo("dsagen compile: " + ("all verified" if ok else "FAILED")
                + (f" ({what}, not run: no such device here)" if unrun else ""))
     sys.exit(0 if ok else 1)
@@ -156,10 +196,19 @@ def compile(specs, json_out, no_nvcc):  # noqa: A001 - the command is called com
 @main.command()
 @click.argument("specs", nargs=-1, required=True, type=click.Path())
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
-def verify(specs, device):
-    """Verify built ops against the reference (builds them first if needed)."""
+@click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=None,
+              help="Seed of the random inputs (default: a fresh one, printed).")
+def verify(specs, device, seed):
+    """Verify built ops against the reference (builds them first if needed).
+
+    \b
+    Exit status: 0 verified, 1 a kernel disagrees with the reference or a
+    build failed, 2 a bad spec or bad usage (e.g. --device cuda without a
+    matching device).
+    """
     import torch
 
+    from . import jit
     from .ops import cuda_archs, load
     ok = True
     rows: list = []
@@ -167,8 +216,17 @@ def verify(specs, device):
         use_cuda = device == "cuda" or (device == "auto" and bool(cuda_archs(s)))
         if use_cuda and not torch.cuda.is_available():
             raise UsageFailure("--device cuda: no CUDA device")
-        ops = load(s, with_cuda=use_cuda)
-        ok &= _run_verify(s, ops, "cuda" if use_cuda else "cpu", rows)
+        if use_cuda and not cuda_archs(s):
+            cap = "sm_%d%d" % torch.cuda.get_device_capability()
+            raise UsageFailure(f"--device cuda: the device ({cap}) matches none of {s.name}'s targets "
+                               f"{list(s.targets)} (or DSAGEN_ARCH_LIST excludes them)")
+        try:
+            ops = load(s, with_cuda=use_cuda)
+        except jit.BuildError as e:
+            click.echo(f"[{s.name}] BUILD FAILED:\n{e}", err=True)
+            ok = False
+            continue
+        ok &= _run_verify(s, ops, "cuda" if use_cuda else "cpu", rows, seed)
     sys.exit(0 if ok else 1)
 
 
@@ -190,8 +248,17 @@ def bench(specs, json_out, quick, tuning):
             raise UsageFailure(f"--tuning: not JSON ({e})") from None
         if not isinstance(tune, dict):
             raise UsageFailure("--tuning: must be a JSON object")
+    _writable(json_out)
+    loaded = _specs(specs)
+    if tune is not None:
+        from .codegen import render as render_sources
+        for s in loaded:
+            try:
+                render_sources(s, tune)           # validates every key (memoized)
+            except (ValueError, TypeError, KeyError) as e:
+                raise UsageFailure(f"--tuning for {s.name}: {e}") from None
     try:
-        rows = B.run(_specs(specs), quick=quick, tuning=tune)
+        rows = B.run(loaded, quick=quick, tuning=tune)
     except RuntimeError as e:
         if "CUDA" not in str(e):
             raise
@@ -199,6 +266,10 @@ def bench(specs, json_out, quick, tuning):
     if json_out:
         Path(json_out).write_text(json.dumps(rows, indent=1))
         click.echo(f"wrote {len(rows)} rows to {json_out}")
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        click.echo(f"dsagen bench: {len(failed)} row(s) with an error", err=True)
+        sys.exit(1)
 
 
 @main.command()
@@ -349,7 +420,8 @@ def cache_verify():
 
 @cache.command("prune")
 @click.option("--all", "everything", is_flag=True, help="Remove every entry.")
-@click.option("--older-than", type=float, default=None, help="Also remove entries older than DAYS.")
+@click.option("--older-than", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Also remove entries older than DAYS (> 0).")
 def cache_prune(everything, older_than):
     """Remove unusable entries (corrupt, unfinished), or more with the options."""
     from .aot import prune

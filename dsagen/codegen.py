@@ -208,9 +208,18 @@ def effective_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[s
     one that changes a paged-kernel key (``_SMALL_KEYS``) without setting ``small`` gets no
     small-work kernel (``small`` ``{}``). ``ws_stages``, also inside ``small``, is put in the
     canonical form of :func:`_norm_ws_stages` (ValueError naming the tuning where it is not
-    valid for the spec)."""
+    valid for the spec). ValueError for a key that :func:`default_tuning` does not have (a typo
+    would otherwise build the default kernels under a new namespace) or an unknown ``kernel``."""
     base, given = default_tuning(spec), tuning or {}
+    if not isinstance(given, dict):
+        raise ValueError(f"tuning {given!r}: must be a dict")
+    unknown = sorted(map(str, set(given) - set(base)))
+    if unknown:
+        raise ValueError(f"tuning: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                         f"(the keys are dsagen.codegen.default_tuning's: {', '.join(sorted(base))})")
     tune = {**base, **given}
+    if tune["kernel"] not in ("ws", "wgmma", "simt"):
+        raise ValueError(f"tuning kernel={tune['kernel']!r}: must be 'ws', 'wgmma' or 'simt'")
     tune["ws_stages"] = _norm_ws_stages(spec, tune["ws_stages"])
     small = tune.get("small")
     if isinstance(small, dict) and "ws_stages" in small:

@@ -23,6 +23,7 @@ allocates it. It is required for separate specs and must be None for the others 
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,13 +84,22 @@ class Ops:
         ``kv_cache`` (and, for a separate spec, ``kv_scales``) in place; matches
         :func:`dsagen.reference.store` byte for byte.
 
+        Quantization per DESIGN.md section 2 (per block ``amax / max``, round to nearest even,
+        saturating; ``pow2`` / ue8m0 scales rounded up to a power of two).
+
         Args:
-            kv_cache: contiguous uint8 ``[num_pages, spec.page_bytes]``.
+            k: bf16, fp16 or fp32 ``[N, head_dim]``.
+            kv_cache: contiguous uint8 ``[num_pages, spec.page_bytes]`` (on CUDA aligned to the
+                kernel's key vectors, as every fresh allocation is).
+            loc: int64 ``[N]`` slot ids, ``slot = page * page_size + offset`` in
+                ``[0, num_pages * page_size)``, distinct (with duplicates one of the tokens wins).
             kv_scales: ``separate`` specs: contiguous uint8 ``[num_pages, spec.scale_page_bytes]``
                 (:meth:`new_scales`); None for the other placements.
         Raises:
-            RuntimeError: shapes, dtypes or devices do not match the spec; ``kv_scales`` missing
-                for a separate spec or given for another.
+            RuntimeError: shapes, dtypes, devices or (CUDA) alignment do not match the spec;
+                ``kv_scales`` missing for a separate spec or given for another; on the CPU
+                backend, a slot id out of range. On CUDA slot ids are not checked (that would
+                need a host sync): an out-of-range one is undefined behaviour.
         """
         self._ops.store(k, kv_cache, loc, kv_scales)
 
@@ -99,14 +109,21 @@ class Ops:
                      schedule: torch.Tensor | None = None) -> torch.Tensor:
         """Indexer logits over the paged cache; DeepGEMM ``fp8_paged_mqa_logits`` semantics.
 
+        ``logits[b*next_n+i, j] = k_scale[j] * sum_h weights[b*next_n+i, h] * relu(q[b,i,h] . k[j])``
+        where key ``j`` of request ``b`` is in slot ``block_table[b, j // page_size] * page_size +
+        j % page_size``. Row ``b*next_n+i`` sees ``j < context_lens[b] - next_n + i + 1`` with 1-D
+        ``context_lens`` (token counts; causal over the ``next_n`` draft positions), ``j <
+        context_lens[b, i]`` with 2-D ones, never past ``max_context_len``.
+
         Args:
             q: ``[B, next_n, num_heads, head_dim]`` in ``spec.query``: e4m3 for e4m3 layouts,
                 bf16 for e2m1 (FP4) layouts, else the key dtype.
             kv_cache: uint8 ``[num_pages, page_bytes]``.
             weights: fp32 ``[B*next_n, num_heads]`` (query scales folded in by the caller).
             context_lens: int32 ``[B]`` or ``[B, next_n]``.
-            block_table: int32 ``[B, max_pages]``.
-            max_context_len: columns of the result.
+            block_table: int32 ``[B, max_pages]`` page ids into ``kv_cache`` (unit column
+                stride; columns past a request's length are never read).
+            max_context_len: columns of the result, in ``[0, max_pages * page_size]``.
             clean_logits: write ``-inf`` where a key is not visible; without it those entries are
                 unspecified (DeepGEMM's rule) and may be non-finite (the sm_90a TMA kernel scores
                 whole 64-token tiles, including stale rows of a request's last page).
@@ -130,7 +147,9 @@ class Ops:
             RuntimeError: shapes or dtypes do not match the spec, next_n is not in the spec,
                 ``kv_scales`` is missing for a separate spec or given for another, or
                 ``schedule`` is not a contiguous, 16-byte aligned int32 ``[num_sms, kSchedRow]``
-                tensor of this device.
+                tensor of this device, ``max_context_len`` is out of range, ``kv_cache`` is not
+                contiguous; on the CPU backend, a page id a request reads is out of range (on
+                CUDA page ids are not checked: undefined behaviour).
         """
         return self._ops.paged_logits(q, kv_cache, weights, context_lens, block_table,
                                       int(max_context_len), bool(clean_logits), kv_scales, schedule)
@@ -159,6 +178,25 @@ class Ops:
             RuntimeError: next_n not in the spec, or shapes, dtypes or devices wrong.
         """
         return self._ops.paged_logits_schedule(context_lens, block_table, int(next_n), int(max_context_len))
+
+    def set_poison_outputs(self, on: bool) -> bool:
+        """Debug switch of this extension (every spec's ops have their own): while on,
+        :meth:`paged_logits` and :meth:`ragged_logits` fill their fp32 output with NaN before
+        the kernel runs (one extra fill per call), so that an entry a kernel leaves unwritten
+        reads NaN instead of whatever the allocator's block held. :func:`dsagen.verify.verify`
+        turns it on for its sweep. Off by default; serving code never needs it. Returns the
+        previous setting."""
+        return bool(self._ops.set_poison_outputs(bool(on)))
+
+    @contextlib.contextmanager
+    def poisoned_outputs(self):
+        """``with ops.poisoned_outputs(): ...``: :meth:`set_poison_outputs` on inside the block,
+        restored after it."""
+        prev = self.set_poison_outputs(True)
+        try:
+            yield self
+        finally:
+            self.set_poison_outputs(prev)
 
     def ragged_logits(self, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None,
                       weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor,

@@ -105,14 +105,27 @@ class IndexerKCache:
         Returns:
             ``(k [S, head_dim]`` in the key dtype (e2m1: uint8 ``[S, head_dim/2]`` packed),
             ``k_scale [S, scales_per_token]`` fp32 or None), ``S = cu_seq_lens[-1]``, requests
-            one after another. (Reads ``cu_seq_lens[-1]`` on the host.)
+            one after another. (Reads ``cu_seq_lens[-1]`` and whether every page id read is
+            valid on the host: a prefill-side call, not part of a captured decode step.)
+        Raises:
+            ValueError: a page id that a request's keys need is not in ``[0, num_pages)`` (such as
+                the -1 that pads block tables), or a request's keys run past ``block_table``'s
+                columns.
         """
         ps = self.spec.page_size
         cu = cu_seq_lens.to(torch.int64)
         lens = cu[1:] - cu[:-1]
         b = torch.repeat_interleave(torch.arange(len(lens), device=cu.device), lens)
         j = torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][b]
-        slots = block_table.to(torch.int64)[b, j // ps] * ps + j % ps
+        if len(j) and int((j // ps).max()) >= block_table.shape[1]:
+            raise ValueError(f"gather: a request needs {int((j // ps).max()) + 1} pages, block_table has "
+                             f"{block_table.shape[1]} columns")
+        pages = block_table.to(torch.int64)[b, j // ps]
+        if len(pages) and bool(((pages < 0) | (pages >= self.num_pages)).any()):
+            bad = int(pages[(pages < 0) | (pages >= self.num_pages)][0])
+            raise ValueError(f"gather: block_table holds page id {bad} where a request's keys are "
+                             f"read; page ids must be in [0, {self.num_pages})")
+        slots = pages * ps + j % ps
         raw = R.read_key_bytes(self.layer(layer), slots, self.spec)
         k = raw if self.spec.key_dtype == "e2m1" else raw.view(self.spec.key.torch_dtype)
         return k, R.read_scales(self.layer(layer), slots, self.spec, self.layer_scales(layer))
@@ -127,16 +140,26 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, index_topk: int) -> torch.
 
     Args:
         logits: fp32 ``[rows, max_len]``; entries at ``j >= lengths[row]`` are ignored
-            (``clean_logits=False`` output is fine), ``-inf`` entries are never selected.
+            (``clean_logits=False`` output is fine), ``-inf`` and NaN entries are never selected.
         lengths: int ``[rows]`` valid keys per row.
-        index_topk: how many to keep (512, 1024, 2048 in DeepSeek V3.2).
+        index_topk: how many to keep (512, 1024, 2048 in DeepSeek V3.2), at least 1.
     Returns:
         int32 ``[rows, index_topk]``, best first; ties go to the smaller index; ``-1`` pads rows
         with fewer valid keys (an all ``-inf`` row is all ``-1``). No host synchronization.
+    Raises:
+        ValueError: ``logits`` is not 2-D, ``lengths`` is not ``[rows]``, or ``index_topk`` < 1.
     """
+    if logits.dim() != 2:
+        raise ValueError(f"topk: logits must be [rows, max_len], got {tuple(logits.shape)}")
     rows, n = logits.shape
+    if tuple(lengths.shape) != (rows,):
+        raise ValueError(f"topk: lengths must be [{rows}] (one per logits row), got {tuple(lengths.shape)}")
+    if isinstance(index_topk, bool) or int(index_topk) != index_topk or index_topk < 1:
+        raise ValueError(f"topk: index_topk={index_topk!r} must be an integer >= 1")
+    index_topk = int(index_topk)
     j = torch.arange(n, device=logits.device)
-    x = logits.masked_fill(j[None, :] >= lengths.to(logits.device)[:, None].long(), float("-inf"))
+    x = logits.masked_fill((j[None, :] >= lengths.to(logits.device)[:, None].long()) | torch.isnan(logits),
+                           float("-inf"))
     if n < index_topk:
         x = torch.cat([x, x.new_full((rows, index_topk - n), float("-inf"))], 1)
     vals, idx = torch.sort(x, dim=1, descending=True, stable=True)

@@ -19,6 +19,7 @@ import yaml
 
 from .dtypes import KEY_DTYPES, SCALE_DTYPES, DType, query_dtype
 
+MAX_PAGE_STRIDE = 1 << 20     # bytes: a page's padding is for alignment, not megabytes
 MAX_SMEM_BYTES = 227 * 1024    # dynamic shared memory a block may opt into (sm_90, sm_100)
 
 
@@ -248,6 +249,12 @@ def _get(data: dict, path: str):
     return cur
 
 
+def _dflt(v: Any, default: Any) -> Any:
+    """``v``, or ``default`` where the field is absent (None): a given empty or false value is
+    checked like any other, never silently replaced."""
+    return default if v is None else v
+
+
 def _int(source: str, path: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise SpecError(source, path, f"expected an integer, got {v!r}")
@@ -272,9 +279,17 @@ def _parse(data: Any, source: str) -> Spec:
     name = data["name"]
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise SpecError(source, "name", f"{name!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)")
-    description = data.get("description", "") or ""
+    if len(name) > 100:
+        raise SpecError(source, "name", f"{len(name)} characters: at most 100 (it names files, "
+                        f"namespaces and cache entries)")
+    description = _dflt(data.get("description"), "")
     if not isinstance(description, str):
         raise SpecError(source, "description", "expected a string")
+    description = description.strip()
+    if any(not c.isprintable() for c in description) or description.endswith("\\"):
+        # it is rendered into a C++ // comment of layout.h
+        raise SpecError(source, "description", "must be one line of printable text, not ending "
+                        "in a backslash")
 
     head_dim = _int(source, "head_dim", data["head_dim"])
     if head_dim not in HEAD_DIMS:
@@ -286,15 +301,15 @@ def _parse(data: Any, source: str) -> Spec:
     key_dtype = _choice(source, "key.dtype", _get(data, "key.dtype"), tuple(KEY_DTYPES))
     key = KEY_DTYPES[key_dtype]
     quant_default = "fp32" if key.max_value else "none"
-    scale_dtype = _choice(source, "scale.dtype", _get(data, "scale.dtype") or quant_default,
+    scale_dtype = _choice(source, "scale.dtype", _dflt(_get(data, "scale.dtype"), quant_default),
                           tuple(SCALE_DTYPES))
     rounding_default = "pow2" if scale_dtype == "ue8m0" else "none"
-    rounding = _choice(source, "scale.rounding", _get(data, "scale.rounding") or rounding_default,
+    rounding = _choice(source, "scale.rounding", _dflt(_get(data, "scale.rounding"), rounding_default),
                        ROUNDINGS)
     if scale_dtype == "ue8m0" and rounding != "pow2":
         raise SpecError(source, "scale.rounding",
                         f"{rounding!r}: a ue8m0 scale is a power of two; rounding must be pow2")
-    placement = _choice(source, "scale.placement", _get(data, "scale.placement") or "page_tail",
+    placement = _choice(source, "scale.placement", _dflt(_get(data, "scale.placement"), "page_tail"),
                         PLACEMENTS)
     block_v = _get(data, "scale.block")
     block = head_dim if block_v is None else _int(source, "scale.block", block_v)
@@ -353,11 +368,11 @@ def _parse(data: Any, source: str) -> Spec:
     stride = None
     if stride_v is not None:
         stride = _int(source, "page_stride_bytes", stride_v)
-        if stride < page_size * bpt or stride % 16:
+        if stride < page_size * bpt or stride % 16 or stride > MAX_PAGE_STRIDE:
             raise SpecError(source, "page_stride_bytes",
-                            f"{stride} must be a multiple of 16 and >= page_size * {what} "
-                            f"= {page_size * bpt}")
-    return Spec(name=name, description=description.strip(), head_dim=head_dim, page_size=page_size,
+                            f"{stride} must be a multiple of 16 in [page_size * {what} "
+                            f"= {page_size * bpt}, {MAX_PAGE_STRIDE}]")
+    return Spec(name=name, description=description, head_dim=head_dim, page_size=page_size,
                 key_dtype=key_dtype, scale_dtype=scale_dtype, scale_rounding=rounding,
                 scale_block=block, scale_placement=placement, num_heads=num_heads, next_n=next_n,
                 targets=targets, page_stride_bytes=stride, source=source)
@@ -376,14 +391,37 @@ def load_spec(path: str | Path) -> Spec:
     """
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise SpecError(str(path), "", f"cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(str(path), "", f"not UTF-8 text (byte {e.start})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        return _parse(data, str(path))
     except yaml.YAMLError as e:
         raise SpecError(str(path), "", f"not valid YAML: {_yaml_problem(e)}") from None
-    return _parse(data, str(path))
+    except RecursionError:
+        raise SpecError(str(path), "", "nested too deeply to be a spec") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that gives one key twice (plain safe_load keeps
+    the last value silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                dup = key in seen
+            except TypeError:          # an unhashable key: the schema check names it
+                continue
+            if dup:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _yaml_problem(e: "yaml.YAMLError") -> str:

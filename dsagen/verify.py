@@ -1,6 +1,8 @@
 """Check generated ops against :mod:`dsagen.reference` over a sweep of shapes.
 
-Inputs are fresh random draws (never zeros); outputs are poisoned before the kernel writes them;
+Inputs are fresh random draws (never zeros; the CLI draws a new seed per run); outputs are
+poisoned before the kernel writes them (:meth:`dsagen.ops.Ops.poisoned_outputs`: the ops fill
+their output with NaN before each kernel during the sweep);
 the block table is a random permutation of pages; context lengths are not page multiples.
 
 * store: the whole ``kv_cache`` (and ``kv_scales`` of a ``separate`` spec) after the op must
@@ -21,6 +23,7 @@ the block table is a random permutation of pages; context lengths are not page m
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -157,9 +160,22 @@ def make_cache(spec: Spec, context_lens: list[int], gen: torch.Generator, device
 
 
 def _poisoned_alloc(shape, device):
-    """Fill the allocator's next block of this size with NaN so that unwritten outputs show."""
+    """Fill the allocator's next block of this size with NaN, for ops objects without the
+    extension's poisoning switch (stand-ins in tests; :func:`_poisoning` covers the real ops:
+    a freed block is not always the one the op's allocation gets, on the CPU most often not)."""
     t = torch.full(shape, float("nan"), dtype=torch.float32, device=device)
     del t
+
+
+@contextlib.contextmanager
+def _poisoning(ops):
+    """The ops' outputs NaN-filled before every kernel inside the block
+    (:meth:`dsagen.ops.Ops.poisoned_outputs`), where the ops object has the switch."""
+    if hasattr(ops, "poisoned_outputs"):
+        with ops.poisoned_outputs():
+            yield
+    else:
+        yield
 
 
 def _score(row: Row, out: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, clean_logits: bool) -> None:
@@ -387,8 +403,16 @@ def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = Fa
            reruns: int = 2) -> Report:
     """Run the verification sweep of ``spec``'s ops on ``device`` ("cpu" or "cuda").
 
-    Returns a :class:`Report`; ``report.passed`` is the verdict.
+    ``seed`` seeds every random input (the same seed repeats a run); ``quick`` runs a short
+    subset; ``reruns`` calls of each logits case must give the same bits. The ops' outputs are
+    NaN-poisoned during the sweep (restored after). Returns a :class:`Report`;
+    ``report.passed`` is the verdict.
     """
+    with _poisoning(ops):
+        return _verify(spec, ops, device, seed, quick, reruns)
+
+
+def _verify(spec: Spec, ops, device: str, seed: int, quick: bool, reruns: int) -> Report:
     gen = torch.Generator().manual_seed(seed)
     rep = Report(spec.name, device)
     for n, kd in ((1, torch.bfloat16), (3, torch.float32), (128, torch.bfloat16), (4097, torch.bfloat16)):

@@ -102,4 +102,40 @@ def test_verify_cuda_without_device(monkeypatch):
 @pytest.mark.parametrize("tuning, msg", [("{mma_ahead", "not JSON"), ("[1]", "must be a JSON object")])
 def test_bench_tuning_must_be_a_json_object(tuning, msg):
     r = CliRunner().invoke(main, ["bench", FP8, "--tuning", tuning])
-    assert r.exit_code != 0 and msg in r.output
+    assert r.exit_code == 2 and msg in r.output
+
+
+@pytest.mark.parametrize("tuning, msg", [('{"math_wgs": 9}', "math_wgs=9"), ('{"portable": "x"}', "portable='x'")])
+def test_bench_bad_tuning_value_is_a_usage_error(tuning, msg, monkeypatch):
+    """A tuning with a bad value fails before anything is built or timed (exit 2, one line
+    naming the key), with or without a GPU."""
+    monkeypatch.chdir(REPO)
+    r = CliRunner().invoke(main, ["bench", FP8, "--tuning", tuning])
+    assert r.exit_code == 2 and f"Error: --tuning for fp8_e4m3_page64: tuning {msg}" in r.output, r.output
+
+
+def test_compile_without_nvcc_says_not_compiled(generated_tmp, monkeypatch):
+    """Without nvcc the last line says the CUDA targets were NOT compiled (never "compiled
+    only"); the CPU verification still decides the exit status."""
+    import dsagen.jit
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-device message")
+    monkeypatch.setattr(dsagen.jit, "find_nvcc", lambda: None)
+    r = _run("compile", "specs/bf16_page64.yaml")
+    assert r.exit_code == 0, r.output
+    assert "nvcc not found: CUDA for ['sm_90a', 'sm_100a'] NOT compiled" in r.output
+    assert r.output.rstrip().endswith("dsagen compile: all verified (CUDA for sm_100a, sm_90a NOT compiled: "
+                                      "nvcc not found, not run: no such device here)"), r.output
+
+
+def test_unwritable_outputs_are_usage_errors(generated_tmp, tmp_path):
+    """--json to a folder that does not exist, --out onto a file, a negative prune age: exit 2
+    with one line, before any work."""
+    r = _run("compile", "--no-nvcc", FP8, "--json", tmp_path / "nope" / "x.json")
+    assert r.exit_code == 2 and "cannot write there" in r.output and not generated_tmp.exists()
+    f = tmp_path / "file"
+    f.write_text("")
+    r = CliRunner().invoke(main, ["render", FP8, "--out", str(f)])
+    assert r.exit_code == 2 and "cannot write fp8_e4m3_page64's sources" in r.output
+    r = CliRunner().invoke(main, ["cache", "prune", "--older-than", "-1"])
+    assert r.exit_code == 2

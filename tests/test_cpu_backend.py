@@ -102,6 +102,43 @@ def test_store_empty(dsagen_spec, dsagen_ops):
     assert not cache.any() and (scales is None or not scales.any())
 
 
+def test_empty_batch(dsagen_spec, dsagen_ops, gen):
+    """B=0: an empty ``[0, max_context_len]`` result, as on CUDA and in the reference."""
+    spec, ops = dsagen_spec, dsagen_ops
+    cache, _, sc = make_cache(spec, [3], gen, "cpu")
+    for next_n in spec.next_n:
+        q = random_q(spec, 0, next_n, gen, "cpu")
+        out = ops.paged_logits(q, cache, torch.randn(0, spec.num_heads), torch.zeros(0, dtype=torch.int32),
+                               torch.zeros(0, 2, dtype=torch.int32), 2 * spec.page_size, kv_scales=sc)
+        assert out.shape == (0, 2 * spec.page_size) and out.dtype == torch.float32
+
+
+def test_poison_switch_fills_outputs_and_verify_uses_it(dsagen_spec, dsagen_ops, gen):
+    """``set_poison_outputs`` returns the previous setting; ``poisoned_outputs`` restores it;
+    :func:`dsagen.verify.verify` runs its sweep with the switch on (so an unwritten entry reads
+    NaN whatever block the allocator hands out) and leaves it as it found it."""
+    from dsagen.verify import verify
+    ops = dsagen_ops
+    assert ops.set_poison_outputs(False) is False
+    assert ops.set_poison_outputs(True) is False and ops.set_poison_outputs(False) is True
+    with ops.poisoned_outputs():
+        assert ops.set_poison_outputs(True) is True
+    assert ops.set_poison_outputs(False) is False
+    seen = []
+
+    class Watch:
+        def __getattr__(self, name):
+            return getattr(ops, name)
+
+        def paged_logits(self, *a, **k):
+            seen.append(ops.set_poison_outputs(True))    # the state during the call (kept on)
+            return ops.paged_logits(*a, **k)
+
+    rep = verify(dsagen_spec, Watch(), "cpu", seed=int(torch.randint(0, 2**31, (1,), generator=gen)), quick=True)
+    assert rep.passed and seen and all(seen)
+    assert ops.set_poison_outputs(False) is False          # restored after the sweep
+
+
 def test_logits_masks_poison_and_accuracy(dsagen_spec, dsagen_ops, gen, repro):
     """A zero-length request, lengths off page boundaries, columns past every length, next_n
     each; outputs allocated over NaN; -inf exactly where masked; values to 1e-4 of float64."""

@@ -371,6 +371,15 @@ def test_ws_stages_per_next_n(shipped):
         small_tuning(fp8, {"small": {"maxnreg": 232, "math_wgs": 2, "ws_stages": {"1": 3}}})
 
 
+def test_unknown_tuning_keys_and_kernels_are_refused(shipped):
+    """A misspelt key would otherwise build the default kernels under a new namespace."""
+    fp8 = shipped["fp8_e4m3_page64"]
+    with pytest.raises(ValueError, match="unknown key ws_stage "):
+        render(fp8, {"ws_stage": 3})
+    with pytest.raises(ValueError, match="kernel='nope'"):
+        render(fp8, {"kernel": "nope"})
+
+
 def test_portable_tuning(shipped):
     """Tuning ``portable``: "simt" (the default) or "mma"; the mma kernel is rendered only under
     it and only where :func:`mma_applies` (every shipped layout but FP4)."""

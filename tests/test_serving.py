@@ -1,6 +1,7 @@
 """Multi-layer pool (each layer reads its own keys and scales) and the deterministic top-k."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dsagen import reference as R
@@ -142,3 +143,36 @@ def test_topk_semantics(gen):
         again = topk(logits, lengths, k)
         assert torch.equal(again, topk(logits, lengths, k))
         assert torch.equal(again[:, :512], out)
+
+
+def test_topk_never_selects_nan_and_checks_its_arguments(gen):
+    logits = torch.randn(2, 50, generator=gen)
+    logits[0, 3] = float("nan")
+    logits[1, :] = float("nan")
+    out = topk(logits, torch.tensor([50, 50]), 8)
+    assert 3 not in out[0].tolist() and (out[0] >= 0).all() and (out[1] == -1).all()
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="index_topk"):
+            topk(logits, torch.tensor([50, 50]), bad)
+    with pytest.raises(ValueError, match="lengths must be"):
+        topk(logits, torch.tensor([[50, 50]]), 8)
+    with pytest.raises(ValueError, match="logits must be"):
+        topk(logits[0], torch.tensor([50]), 8)
+
+
+def test_gather_refuses_invalid_page_ids(dsagen_spec, dsagen_ops, gen):
+    """A -1 (block-table padding) or out-of-range page id where a request's keys are read is a
+    ValueError, not the keys of another page."""
+    spec = dsagen_spec
+    pool = IndexerKCache(spec, 1, 4, ops=dsagen_ops)
+    ps = spec.page_size
+    ok = torch.tensor([[0, 1, 2, 3]], dtype=torch.int32)
+    k, _ = pool.gather(0, ok, torch.tensor([0, 2 * ps]))
+    assert k.shape[0] == 2 * ps
+    for bad_id in (-1, 4):
+        bt = ok.clone()
+        bt[0, 1] = bad_id
+        with pytest.raises(ValueError, match=f"page id {bad_id}"):
+            pool.gather(0, bt, torch.tensor([0, 2 * ps]))
+    with pytest.raises(ValueError, match="block_table has 4 columns"):
+        pool.gather(0, ok, torch.tensor([0, 4 * ps + 1]))

@@ -128,6 +128,14 @@ BAD = [
     ("name 1bad", "name", "1bad", "name", "1bad"),
     ("page stride too small", "page_stride_bytes", 8432, "page_stride_bytes", "8448"),
     ("page stride unaligned", "page_stride_bytes", 8452, "page_stride_bytes", "16"),
+    ("page stride huge", "page_stride_bytes", 2147483664, "page_stride_bytes", "1048576"),
+    ("scale.dtype empty", "scale.dtype", "", "scale.dtype", "''"),
+    ("scale.dtype false", "scale.dtype", False, "scale.dtype", "False"),
+    ("placement 0", "scale.placement", 0, "scale.placement", "0"),
+    ("description two lines", "description", "line one\nline two", "description", "one line"),
+    ("description backslash", "description", "ends in \\", "description", "backslash"),
+    ("description number", "description", 0, "description", "string"),
+    ("name too long", "name", "n" * 101, "name", "at most 100"),
 ]
 
 
@@ -278,3 +286,23 @@ def test_cli_validate_reports_every_file(tmp_path):
     assert p.stdout.splitlines() == ["bf16_page64: 256 B/token, 16384 B/page"]
     errs = p.stderr.strip().splitlines()
     assert [e.split(": ")[1:3] for e in errs] == [[str(bad1), "page_size"], [str(bad2), "scale.foo"]], errs
+
+
+def test_duplicate_key_is_refused(tmp_path):
+    """PyYAML keeps the last of two equal keys; a spec with one given twice is an error naming
+    the key and its line."""
+    f = tmp_path / "dup.yaml"
+    f.write_text(FP8.read_text() + "page_size: 32\n")
+    with pytest.raises(SpecError, match=r"duplicate key 'page_size' at line \d+"):
+        dsagen.load_spec(f)
+
+
+def test_not_utf8_and_too_deep_are_spec_errors(tmp_path):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"# caf\xe9\n" + FP8.read_bytes())
+    with pytest.raises(SpecError, match="not UTF-8"):
+        dsagen.load_spec(bad)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("name: " + "[" * 20000 + "]" * 20000 + "\n")
+    with pytest.raises(SpecError, match="nested too deeply"):
+        dsagen.load_spec(deep)

@@ -4,6 +4,8 @@
 // Scales (if any) are in kv_cache: store and paged_logits refuse a kv_scales tensor.
 #include <ATen/ATen.h>
 #include <torch/library.h>
+#include <atomic>
+#include <limits>
 #ifdef DSAGEN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -13,6 +15,13 @@
 #include "layout.h"
 
 namespace dsagen_fp8_e4m3_interleaved_page64_0a8e6f2c23 {
+
+// Debug switch (op set_poison_outputs; dsagen.verify and the tests turn it on): the logits ops
+// fill their outputs with NaN before a kernel runs, so that an entry a kernel leaves unwritten
+// shows. Off by default: no fill, nothing else changes.
+static std::atomic<bool> g_poison_outputs{false};
+bool poison_outputs() { return g_poison_outputs.load(std::memory_order_relaxed); }
+static bool set_poison_outputs_op(bool on) { return g_poison_outputs.exchange(on); }
 
 void store_cpu(const at::Tensor& k, const at::Tensor& kv_cache, const at::Tensor& loc,
                const c10::optional<at::Tensor>& kv_scales);
@@ -178,7 +187,7 @@ static at::Tensor paged_logits_cpu_op(const at::Tensor& q, const at::Tensor& kv_
                                       const c10::optional<at::Tensor>& schedule) {
   check_logits(q, kv_cache, weights, context_lens, block_table, max_context_len, kv_scales);
   check_schedule(kv_cache, schedule);   // (the CPU kernel does not use one)
-  {  // the page ids each request reads must exist (columns past its length are never read)
+  if (q.size(0) > 0) {  // the page ids each request reads must exist (columns past its length are never read)
     const at::Tensor cl = context_lens.to(at::kLong).reshape({q.size(0), -1}).amax(1).clamp(0, max_context_len);
     const at::Tensor bt = block_table.to(at::kLong);
     for (int64_t b = 0; b < q.size(0); ++b) {
@@ -216,6 +225,7 @@ static at::Tensor ragged_logits_cuda_op(const at::Tensor& q_in, const at::Tensor
   at::Tensor sc;
   if (k_scale_in.has_value()) sc = k_scale_in->contiguous();
   at::Tensor out = at::empty({q.size(0), k.size(0)}, q.options().dtype(at::kFloat));
+  if (poison_outputs()) out.fill_(std::numeric_limits<float>::quiet_NaN());
   if (q.size(0) == 0 || k.size(0) == 0) return out;
   const cudaError_t err = launch_ragged_logits(q.data_ptr(), static_cast<const uint8_t*>(k.data_ptr()),
                                                sc.defined() ? sc.data_ptr<float>() : nullptr, w.data_ptr<float>(),
@@ -251,6 +261,7 @@ static at::Tensor paged_logits_cuda_op(const at::Tensor& q_in, const at::Tensor&
   at::Tensor q = q_in.contiguous(), weights = weights_in.contiguous(), cl = context_lens_in.contiguous();
   const int64_t B = q.size(0), next_n = q.size(1);
   at::Tensor out = at::empty({B * next_n, max_context_len}, q.options().dtype(at::kFloat));
+  if (poison_outputs()) out.fill_(std::numeric_limits<float>::quiet_NaN());
   if (B == 0 || max_context_len == 0) return out;
   const cudaError_t err = launch_paged_logits(int(next_n), q.data_ptr(), kv_cache.data_ptr<uint8_t>(), kv_cache.size(0),
                       weights.data_ptr<float>(),
@@ -280,6 +291,7 @@ static at::Tensor paged_logits_schedule_cuda_op(const at::Tensor& context_lens_i
 }  // namespace dsagen_fp8_e4m3_interleaved_page64_0a8e6f2c23
 
 TORCH_LIBRARY(dsagen_fp8_e4m3_interleaved_page64_0a8e6f2c23, m) {
+  m.def("set_poison_outputs(bool on) -> bool", &dsagen_fp8_e4m3_interleaved_page64_0a8e6f2c23::set_poison_outputs_op);
   m.def("store(Tensor k, Tensor(a!) kv_cache, Tensor loc, Tensor(b!)? kv_scales=None) -> ()");
   m.def("paged_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, "
         "Tensor block_table, int max_context_len, bool clean_logits, Tensor? kv_scales=None, "

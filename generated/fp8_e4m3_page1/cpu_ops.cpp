@@ -13,6 +13,9 @@
 
 namespace dsagen_fp8_e4m3_page1_ce89af7410 {
 
+// The debug switch of op set_poison_outputs (bindings.cpp): NaN-fill the logits outputs first.
+bool poison_outputs();
+
 using KeyT = c10::Float8_e4m3fn;
 
 static float pow2_ceil(float s) {
@@ -86,6 +89,7 @@ at::Tensor paged_logits_cpu(const at::Tensor& q_in, const at::Tensor& kv_cache,
   at::Tensor bt = block_table_in.to(at::kInt).contiguous();
   const bool ctx_2d = cl.dim() == 2;
   at::Tensor out = at::empty({B * next_n, max_context_len}, q_in.options().dtype(at::kFloat));
+  if (poison_outputs()) out.fill_(std::numeric_limits<float>::quiet_NaN());
   const float* qp = q.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   const int* clp = cl.data_ptr<int>();
@@ -139,6 +143,7 @@ at::Tensor ragged_logits_cpu(const at::Tensor& q_in, const at::Tensor& k_in, con
   at::Tensor sc = k_scale_in->to(at::kFloat).contiguous();
   const float* scp = sc.data_ptr<float>();
   at::Tensor out = at::empty({S, N}, q_in.options().dtype(at::kFloat));
+  if (poison_outputs()) out.fill_(std::numeric_limits<float>::quiet_NaN());
   const float* qp = q.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   const int* ksp = ks.data_ptr<int>();
