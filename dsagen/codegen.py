@@ -112,11 +112,12 @@ def mma_applies(spec: Spec) -> bool:
     """Whether the portable tensor-core kernel (``paged_logits_mma``, tuning ``portable``
     ``"mma"``: warp-level ``mma.sync``, e4m3 m16n8k32 or bf16/f16 m16n8k16, which every device
     of compute capability 8.9 or later has, sm_90a and sm_100a alike) can score this layout:
-    e4m3, bf16 or fp16 keys (q of the same type), key rows of a multiple of 32 bytes at 4-byte
+    e4m3, bf16 or fp16 keys (q of the same type), key rows of 32 bytes or a multiple of 64 at 4-byte
     aligned offsets, and at most one scale per token (fp32 or ue8m0, in any placement).
     Block scales and e2m1 keys take the CUDA-core kernel."""
     return (spec.key_dtype in ("e4m3", "bf16", "fp16") and spec.scales_per_token <= 1
-            and spec.key_bytes_per_token % 32 == 0 and spec.key_align % 4 == 0)
+            and (spec.key_bytes_per_token == 32 or spec.key_bytes_per_token % 64 == 0)
+            and spec.key_align % 4 == 0)
 
 
 def mma_smem_bytes(spec: Spec, next_n: int) -> int:

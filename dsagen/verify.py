@@ -51,17 +51,28 @@ def logits_tolerance(spec: Spec, device, next_n: int | None = None,
 
     The fp8 tensor-core paged kernel (e4m3 keys on an sm_90 device where
     :func:`dsagen.codegen.wgmma_kernel_applies` for ``next_n``, default the spec's largest, and
-    the ops' ``tuning``, or for its small-work kernel's tuning) gets ``FP8_MMA_*``; every other
-    kernel (the CUDA-core kernel, CPU) the exact-fp32 bars ``REL_L2_TOL`` / ``COND_TOL``.
+    the ops' ``tuning``, or for its small-work kernel's tuning) gets ``FP8_MMA_*``, and so does
+    the portable tensor-core kernel (``paged_logits_mma``, tuning ``portable`` "mma") on e4m3
+    keys on any device (its fp8 ``mma.sync`` accumulates as WGMMA does, without an fp32
+    promotion between K steps: SageAttention and DeepGEMM report about 13-bit accumulation on
+    Ada and Hopper, not yet measured here); every other kernel (the CUDA-core kernel, bf16/fp16
+    tensor cores, CPU) the exact-fp32 bars ``REL_L2_TOL`` / ``COND_TOL``.
     """
-    from .codegen import small_tuning, wgmma_kernel_applies
+    from .codegen import (_portable, effective_tuning, mma_applies, mma_smem_bytes, small_tuning,
+                          wgmma_kernel_applies)
+    from .spec import MAX_SMEM_BYTES
     dev = torch.device(device)
     nn = next_n or max(spec.next_n)
     small = small_tuning(spec, tuning)
-    if (dev.type == "cuda" and spec.key_dtype == "e4m3"
-            and (wgmma_kernel_applies(spec, nn, tuning)
-                 or (small is not None and wgmma_kernel_applies(spec, nn, small)))
-            and torch.cuda.get_device_capability(dev)[0] == 9):
+    if dev.type != "cuda" or spec.key_dtype != "e4m3":
+        return REL_L2_TOL, COND_TOL
+    sm90 = torch.cuda.get_device_capability(dev)[0] == 9
+    wgmma = (wgmma_kernel_applies(spec, nn, tuning)
+             or (small is not None and wgmma_kernel_applies(spec, nn, small)))
+    if sm90 and wgmma:
+        return FP8_MMA_REL_L2_TOL, FP8_MMA_COND_TOL
+    if (_portable(effective_tuning(spec, tuning)) == "mma" and mma_applies(spec)
+            and mma_smem_bytes(spec, nn) <= MAX_SMEM_BYTES):
         return FP8_MMA_REL_L2_TOL, FP8_MMA_COND_TOL
     return REL_L2_TOL, COND_TOL
 

@@ -93,3 +93,34 @@ def test_separate_scales_are_refused():
     with pytest.raises(ValueError, match="separate"):
         dg.use_spec(Spec.from_dict(VARIANTS["fp8_separate_page32"]))
     assert dg._ops() is before
+
+
+def test_use_spec_bf16_keys_through_the_deepgemm_signature(gen):
+    """README's switch to bf16 keys: ``use_spec("specs/bf16_page64.yaml")``, bf16 q and a
+    ``[num_pages, 64, 1, 256]`` cache view through ``fp8_paged_mqa_logits``, against the float64
+    reference; outputs NaN-poisoned before the kernel, every entry written (CPU backend)."""
+    from conftest import SPECS
+    before = dg._ops()
+    try:
+        dg.use_spec(SPECS["bf16_page64"])
+        ops = dg._ops()
+        spec = ops.spec
+        assert spec.name == "bf16_page64"
+        lens = [200, 64, 3]
+        cache, bt, _ = make_cache(spec, lens, gen, "cpu")
+        q = random_q(spec, 3, 2, gen, "cpu")
+        assert q.dtype == torch.bfloat16
+        w = torch.randn(6, spec.num_heads, generator=gen)
+        cl = torch.tensor(lens, dtype=torch.int32)
+        view = cache.view(cache.shape[0], spec.page_size, 1, spec.bytes_per_token)
+        assert tuple(view.shape[1:]) == (64, 1, 256)
+        with ops.poisoned_outputs():
+            out = dg.fp8_paged_mqa_logits(q, view, w, cl, bt, dg.get_paged_mqa_logits_metadata(cl, 64, 132),
+                                          200, clean_logits=True)
+        assert not out.isnan().any()
+        ref = R.paged_logits(q, cache, w, cl, bt, 200, True, spec, compute_dtype=torch.float64)
+        v = torch.isfinite(ref)
+        assert torch.equal(torch.isneginf(out), ~v)
+        assert float((out[v].double() - ref[v]).norm() / ref[v].norm()) < 1e-5
+    finally:
+        dg._OPS = before

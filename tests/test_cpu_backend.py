@@ -11,7 +11,8 @@ import torch
 
 import dsagen
 from dsagen import reference as R
-from dsagen.verify import COND_TOL, check_logits, check_store, make_cache, random_keys, random_q, verify
+from dsagen.verify import (COND_TOL, check_logits, check_store, make_cache, random_bytes, random_keys, random_q,
+                           verify)
 
 from conftest import REPO
 
@@ -95,11 +96,15 @@ def test_store_changes_only_its_slots(dsagen_spec, dsagen_ops, gen, repro, k_dty
     assert rel_err(back, k.float()) < bound, repro
 
 
-def test_store_empty(dsagen_spec, dsagen_ops):
-    cache, scales = dsagen_ops.new_cache(2), dsagen_ops.new_scales(2)
-    assert (scales is None) == (not dsagen_spec.separate_scales)
-    dsagen_ops.store(torch.randn(0, dsagen_spec.head_dim), cache, torch.zeros(0, dtype=torch.int64), scales)
-    assert not cache.any() and (scales is None or not scales.any())
+def test_store_empty(dsagen_spec, dsagen_ops, gen):
+    """N=0 changes nothing (the cache starts as random bytes, so a stray write would show)."""
+    spec = dsagen_spec
+    assert (dsagen_ops.new_scales(2) is None) == (not spec.separate_scales)
+    cache = random_bytes(2, spec.page_bytes, gen)
+    scales = random_bytes(2, spec.scale_page_bytes, gen) if spec.separate_scales else None
+    before = (cache.clone(), None if scales is None else scales.clone())
+    dsagen_ops.store(torch.randn(0, spec.head_dim), cache, torch.zeros(0, dtype=torch.int64), scales)
+    assert torch.equal(cache, before[0]) and (scales is None or torch.equal(scales, before[1]))
 
 
 def test_empty_batch(dsagen_spec, dsagen_ops, gen):
@@ -186,8 +191,10 @@ def _store_and_read(spec, ops, gen, heavy: bool):
     lens = [5 * u + 3, 2 * u - 1, u + 1]
     pages_per = [-(-n // ps) for n in lens]
     perm = torch.randperm(sum(pages_per) + 2, generator=gen)
-    cache, scales = ops.new_cache(len(perm)), ops.new_scales(len(perm))
-    ref_cache, ref_scales = R.new_cache(spec, len(perm)), R.new_scales(spec, len(perm))
+    # both caches start from the same random bytes (never zeros): only the stores may change them
+    cache = random_bytes(len(perm), spec.page_bytes, gen)
+    scales = random_bytes(len(perm), spec.scale_page_bytes, gen) if spec.separate_scales else None
+    ref_cache, ref_scales = cache.clone(), None if scales is None else scales.clone()
     bt = torch.zeros(B, max(pages_per), dtype=torch.int32)
     keys = []
     pos = 0

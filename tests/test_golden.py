@@ -371,6 +371,22 @@ def test_ws_stages_per_next_n(shipped):
         small_tuning(fp8, {"small": {"maxnreg": 232, "math_wgs": 2, "ws_stages": {"1": 3}}})
 
 
+def test_fp8_mma_kernel_gets_the_tensor_core_bars(shipped, monkeypatch):
+    """fp8 mma.sync accumulates like WGMMA (no fp32 promotion between K steps): the portable
+    tensor-core kernel on e4m3 keys is held to the fp8 tensor-core bars, on sm_90 and sm_100;
+    bf16 keys and the CUDA-core kernel keep the exact-fp32 ones."""
+    import torch
+    from dsagen.verify import COND_TOL, FP8_MMA_COND_TOL, FP8_MMA_REL_L2_TOL, REL_L2_TOL, logits_tolerance
+    fp8, bf16 = shipped["fp8_e4m3_page64"], shipped["bf16_page64"]
+    mma = {"kernel": "simt", "portable": "mma"}
+    for major in (9, 10):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None, m=major: (m, 0))
+        assert logits_tolerance(fp8, "cuda", 2, mma) == (FP8_MMA_REL_L2_TOL, FP8_MMA_COND_TOL)
+        assert logits_tolerance(bf16, "cuda", 2, mma) == (REL_L2_TOL, COND_TOL)
+    assert logits_tolerance(fp8, "cuda", 2, {"kernel": "simt"}) == (REL_L2_TOL, COND_TOL)   # sm_100 here
+    assert logits_tolerance(fp8, "cpu", 2, mma) == (REL_L2_TOL, COND_TOL)
+
+
 def test_unknown_tuning_keys_and_kernels_are_refused(shipped):
     """A misspelt key would otherwise build the default kernels under a new namespace."""
     fp8 = shipped["fp8_e4m3_page64"]
