@@ -102,6 +102,10 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
     ops = _ops()
     spec = ops.spec
     if kv_cache.dim() == 4:
+        if spec.page_bytes != spec.page_size * spec.bytes_per_token:
+            raise ValueError(f"{spec.name}: page_stride_bytes {spec.page_bytes} pads the pages, which "
+                             f"DeepGEMM's [num_pages, {spec.page_size}, 1, {spec.bytes_per_token}] view "
+                             f"cannot express; pass kv_cache as uint8 [num_pages, {spec.page_bytes}]")
         if tuple(kv_cache.shape[1:]) != (spec.page_size, 1, spec.bytes_per_token):
             raise ValueError(f"kv_cache must be [num_pages, {spec.page_size}, 1, {spec.bytes_per_token}], "
                              f"got {list(kv_cache.shape)}")

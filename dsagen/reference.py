@@ -83,7 +83,7 @@ def _e2m1_values(code: torch.Tensor) -> torch.Tensor:
 
 def _e2m1_unpack(raw: torch.Tensor) -> torch.Tensor:
     """float32 ``[n, 2*bytes]`` values of packed uint8 ``[n, bytes]`` (low nibble first)."""
-    return torch.stack((_e2m1_values(raw & 15), _e2m1_values(raw >> 4)), -1).reshape(raw.shape[0], -1)
+    return torch.stack((_e2m1_values(raw & 15), _e2m1_values(raw >> 4)), -1).reshape(raw.shape[0], 2 * raw.shape[1])
 
 
 def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | None]:

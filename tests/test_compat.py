@@ -124,3 +124,15 @@ def test_use_spec_bf16_keys_through_the_deepgemm_signature(gen):
         assert float((out[v].double() - ref[v]).norm() / ref[v].norm()) < 1e-5
     finally:
         dg._OPS = before
+
+
+def test_padded_page_stride_refuses_the_4d_view(monkeypatch):
+    """DeepGEMM's [num_pages, page_size, 1, bytes_per_token] view cannot hold padded pages: a
+    clear ValueError naming page_stride_bytes, not a reshape error."""
+    from types import SimpleNamespace
+    spec = Spec.from_dict(VARIANTS["fp8_interleaved_pow2_page16"])
+    assert spec.page_bytes != spec.page_size * spec.bytes_per_token
+    monkeypatch.setattr(dg, "_OPS", SimpleNamespace(spec=spec))
+    view = torch.zeros(2, spec.page_size, 1, spec.bytes_per_token, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="page_stride_bytes"):
+        dg.fp8_paged_mqa_logits(None, view, None, None, None, None, 16)

@@ -488,3 +488,15 @@ def test_unhinted_cases_reach_the_main_kernel_without_the_hint(tuning, monkeypat
     # none on the CPU or without CUDA ops
     assert _unhinted_cases(spec, ops, "cpu", cases, 1) == []
     assert _unhinted_cases(spec, SimpleNamespace(has_cuda=False, tuning=None), "cuda", cases, 1) == []
+
+
+def test_e2m1_reference_with_no_keys():
+    """FP4 keys: the reference's ragged logits over N=0 keys are [S, 0] (as the op's)."""
+    import dsagen
+    from dsagen.verify import ragged_inputs
+    from conftest import SPECS
+    spec = dsagen.load_spec(SPECS["fp4_e2m1_page64"])
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
+    q, k, sc, w = ragged_inputs(spec, 3, 0, g, "cpu")
+    ks = torch.zeros(3, dtype=torch.int32)
+    assert R.ragged_logits(q, k, sc, w, ks, ks, True, spec, compute_dtype=torch.float64).shape == (3, 0)
