@@ -36,6 +36,10 @@ from .spec import Spec, load_spec
 
 _LOCK = threading.Lock()
 _LOADED: dict[str, "Ops"] = {}
+# open Ops.poisoned_outputs blocks per namespace, and the switch's value before the first
+_POISON_LOCK = threading.Lock()
+_POISON_DEPTH: dict[str, int] = {}
+_POISON_PREV: dict[str, bool] = {}
 
 
 def cuda_archs(spec: Spec) -> list[str]:
@@ -190,13 +194,25 @@ class Ops:
 
     @contextlib.contextmanager
     def poisoned_outputs(self):
-        """``with ops.poisoned_outputs(): ...``: :meth:`set_poison_outputs` on inside the block,
-        restored after it."""
-        prev = self.set_poison_outputs(True)
+        """``with ops.poisoned_outputs(): ...``: :meth:`set_poison_outputs` on inside the block.
+        Blocks may nest or overlap across threads (a count of open blocks per extension): the
+        switch is on while any is open and goes back to what it was before the first one when
+        the last one closes. The switch is process-wide for the extension: other threads'
+        calls meanwhile pay the fill too, and a CUDA graph captured meanwhile keeps the fill in
+        every replay."""
+        with _POISON_LOCK:
+            depth = _POISON_DEPTH.get(self.namespace, 0)
+            if depth == 0:
+                _POISON_PREV[self.namespace] = self.set_poison_outputs(True)
+            _POISON_DEPTH[self.namespace] = depth + 1
         try:
             yield self
         finally:
-            self.set_poison_outputs(prev)
+            with _POISON_LOCK:
+                depth = _POISON_DEPTH[self.namespace] - 1
+                _POISON_DEPTH[self.namespace] = depth
+                if depth == 0:
+                    self.set_poison_outputs(_POISON_PREV.pop(self.namespace))
 
     def ragged_logits(self, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None,
                       weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor,

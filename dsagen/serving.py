@@ -7,6 +7,8 @@ until the context exceeded ``index_topk``).
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from . import reference as R
@@ -154,9 +156,13 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, index_topk: int) -> torch.
     rows, n = logits.shape
     if tuple(lengths.shape) != (rows,):
         raise ValueError(f"topk: lengths must be [{rows}] (one per logits row), got {tuple(lengths.shape)}")
-    if isinstance(index_topk, bool) or int(index_topk) != index_topk or index_topk < 1:
+    try:
+        k = operator.index(index_topk)       # int, numpy and 0-d torch integers
+    except TypeError:
+        k = None
+    if isinstance(index_topk, bool) or k is None or k < 1:
         raise ValueError(f"topk: index_topk={index_topk!r} must be an integer >= 1")
-    index_topk = int(index_topk)
+    index_topk = k
     j = torch.arange(n, device=logits.device)
     x = logits.masked_fill((j[None, :] >= lengths.to(logits.device)[:, None].long()) | torch.isnan(logits),
                            float("-inf"))

@@ -412,6 +412,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":   # `<<:` merges (their keys may be overridden)
+                continue
             key = self.construct_object(key_node, deep=deep)
             try:
                 dup = key in seen

@@ -223,7 +223,15 @@ def _verdict(row: Row, rel_tol: float = REL_L2_TOL, cond_tol: float = COND_TOL) 
 def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generator, device,
                  ctx_2d: bool = False, clean_logits: bool = True, reruns: int = 1,
                  max_context_len: int | None = None) -> Row:
-    """One paged-logits case; see the module docstring for what is checked."""
+    """One paged-logits case; see the module docstring for what is checked (outputs
+    NaN-poisoned by the ops' switch where they have it)."""
+    with _poisoning(ops):
+        return _check_logits(ops, spec, context_lens, next_n, gen, device, ctx_2d, clean_logits,
+                             reruns, max_context_len)
+
+
+def _check_logits(ops, spec, context_lens, next_n, gen, device, ctx_2d, clean_logits, reruns,
+                  max_context_len) -> Row:
     B = len(context_lens)
     lens = [int(c) for c in (context_lens if not ctx_2d else [max(c) for c in context_lens])]
     max_len = int(max_context_len if max_context_len is not None else max(lens))
@@ -274,7 +282,13 @@ def ragged_inputs(spec: Spec, S: int, N: int, gen: torch.Generator, device):
 
 def check_ragged(ops, spec: Spec, ks: list[int], ke: list[int], N: int, gen: torch.Generator,
                  device, clean_logits: bool = True, label: str = "", reruns: int = 1) -> Row:
-    """One ragged (prefill) logits case: query s sees keys ``[ks[s], ke[s])`` of ``N``."""
+    """One ragged (prefill) logits case: query s sees keys ``[ks[s], ke[s])`` of ``N``
+    (outputs NaN-poisoned by the ops' switch where they have it)."""
+    with _poisoning(ops):
+        return _check_ragged(ops, spec, ks, ke, N, gen, device, clean_logits, label, reruns)
+
+
+def _check_ragged(ops, spec, ks, ke, N, gen, device, clean_logits, label, reruns) -> Row:
     S = len(ks)
     q, k, sc, w = ragged_inputs(spec, S, N, gen, device)
     ks_t = torch.tensor(ks, dtype=torch.int32, device=device)

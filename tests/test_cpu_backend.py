@@ -129,6 +129,14 @@ def test_poison_switch_fills_outputs_and_verify_uses_it(dsagen_spec, dsagen_ops,
     with ops.poisoned_outputs():
         assert ops.set_poison_outputs(True) is True
     assert ops.set_poison_outputs(False) is False
+    # blocks that overlap (two threads' sweeps): on until the last closes, then off again
+    a, b = ops.poisoned_outputs(), ops.poisoned_outputs()
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    assert ops.set_poison_outputs(True) is True           # still on while b is open
+    b.__exit__(None, None, None)
+    assert ops.set_poison_outputs(False) is False
     seen = []
 
     class Watch:
@@ -158,8 +166,8 @@ def test_logits_masks_poison_and_accuracy(dsagen_spec, dsagen_ops, gen, repro):
         q = random_q(spec, len(lens), next_n, gen, "cpu")
         w = torch.randn(len(lens) * next_n, spec.num_heads, generator=gen)
         cl = torch.tensor(lens, dtype=torch.int32)
-        torch.full((len(lens) * next_n, max_len), float("nan"))   # poison the allocator
-        out = ops.paged_logits(q, cache, w, cl, bt, max_len, kv_scales=sc)
+        with ops.poisoned_outputs():            # the output starts as NaN
+            out = ops.paged_logits(q, cache, w, cl, bt, max_len, kv_scales=sc)
         ref = R.paged_logits(q, cache, w, cl, bt, max_len, True, spec, compute_dtype=torch.float64,
                              kv_scales=sc)
         assert out.dtype == torch.float32 and out.shape == ref.shape

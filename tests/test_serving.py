@@ -151,7 +151,10 @@ def test_topk_never_selects_nan_and_checks_its_arguments(gen):
     logits[1, :] = float("nan")
     out = topk(logits, torch.tensor([50, 50]), 8)
     assert 3 not in out[0].tolist() and (out[0] >= 0).all() and (out[1] == -1).all()
-    for bad in (0, -2, 1.5, True):
+    import numpy as np
+    assert torch.equal(topk(logits, torch.tensor([50, 50]), np.int64(8)), out)
+    assert torch.equal(topk(logits, torch.tensor([50, 50]), torch.tensor(8)), out)
+    for bad in (0, -2, 1.5, True, None, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="index_topk"):
             topk(logits, torch.tensor([50, 50]), bad)
     with pytest.raises(ValueError, match="lengths must be"):

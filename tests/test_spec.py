@@ -306,3 +306,12 @@ def test_not_utf8_and_too_deep_are_spec_errors(tmp_path):
     deep.write_text("name: " + "[" * 20000 + "]" * 20000 + "\n")
     with pytest.raises(SpecError, match="nested too deeply"):
         dsagen.load_spec(deep)
+
+
+def test_yaml_merge_keys_still_load(tmp_path):
+    """``<<:`` merges (whose keys an explicit key may override) are not duplicate keys."""
+    f = tmp_path / "merge.yaml"
+    text = FP8.read_text().replace("logits:\n  num_heads: 64\n", "logits:\n  <<: {num_heads: 32}\n  num_heads: 64\n")
+    assert "<<:" in text
+    f.write_text(text)
+    assert dsagen.load_spec(f).num_heads == 64
