@@ -26,6 +26,7 @@ def use_spec(spec) -> None:
     """Back the entry points with another layout (a :class:`dsagen.Spec` or a YAML path).
 
     Raises:
+        dsagen.SpecError: a bad spec file.  dsagen.jit.BuildError: the build fails.
         ValueError: a ``scale.placement: separate`` spec (DeepGEMM's ``kv_cache`` holds the
             scales; its signature has no place for a second scale tensor: call
             :meth:`dsagen.ops.Ops.paged_logits` with ``kv_scales`` instead).
@@ -98,6 +99,11 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
             kernel; DeepGEMM's placeholder shape is ignored).
     Returns:
         fp32 ``[B*next_n, max_context_len]``.
+    Raises:
+        ValueError: a 4-D ``kv_cache`` not shaped ``[num_pages, page_size, 1, bytes_per_token]``,
+            or a spec with padded pages (``page_stride_bytes``), which that view cannot hold.
+        RuntimeError: what :meth:`dsagen.ops.Ops.paged_logits` raises for the inputs.
+        dsagen.jit.BuildError: the first call builds the ops and the build fails.
     """
     ops = _ops()
     spec = ops.spec
@@ -131,6 +137,9 @@ def fp8_mqa_logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor | None]
         clean_logits: ``-inf`` outside the range.
     Returns:
         fp32 ``[S, N]``.
+    Raises:
+        RuntimeError: what :meth:`dsagen.ops.Ops.ragged_logits` raises for the inputs.
+        dsagen.jit.BuildError: the first call builds the ops and the build fails.
     """
     k, k_scale = kv
     return _ops().ragged_logits(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)

@@ -271,6 +271,10 @@ def load(spec: Spec | str | Path, *, with_cuda: bool | None = None,
         dsagen.SpecError: bad spec file.  dsagen.jit.BuildError: compilation failed or the
         cache is not writable.  dsagen.jit.JitDisabledError: ``DSAGEN_DISABLE_JIT`` is set and
         the build is not cached.  dsagen.jit.CaptureError: called during CUDA-graph capture.
+        ValueError: a tuning key or value that :func:`dsagen.codegen.default_tuning` does not
+        allow.  RuntimeError: ``with_cuda=True`` with no CUDA device that a target matches, or
+        the spec already loaded in this process with the other ``with_cuda`` (a torch.library
+        namespace is registered once).
     """
     if not isinstance(spec, Spec):
         spec = load_spec(spec)

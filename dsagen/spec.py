@@ -90,6 +90,7 @@ class Spec:
     # ---- derived -------------------------------------------------------------------------
     @property
     def key(self) -> DType:
+        """The key element type (:data:`dsagen.dtypes.KEY_DTYPES` entry of ``key.dtype``)."""
         return KEY_DTYPES[self.key_dtype]
 
     @property
@@ -99,18 +100,22 @@ class Spec:
 
     @property
     def quantized(self) -> bool:
+        """Whether the keys carry scales (``scale.dtype`` is not ``none``)."""
         return self.scale_dtype != "none"
 
     @property
     def key_bytes_per_token(self) -> int:
+        """Bytes of one token's key row (``head_dim`` elements; e2m1 packs two per byte)."""
         return self.head_dim * self.key.bits // 8
 
     @property
     def scales_per_token(self) -> int:
+        """Scales of one token: ``head_dim / scale.block``, 0 when unscaled."""
         return self.head_dim // self.scale_block if self.quantized else 0
 
     @property
     def scale_bytes_per_token(self) -> int:
+        """Bytes of one token's scales (4 per fp32 scale, 1 per ue8m0 one)."""
         return self.scales_per_token * SCALE_DTYPES[self.scale_dtype]
 
     @property
@@ -144,6 +149,9 @@ class Spec:
 
     @property
     def layout(self) -> Layout:
+        """The byte addressing of this layout (:class:`Layout`, every field in bytes but the page
+        size in tokens), from which the store, the CPU and CUDA readers (``layout.h``) and
+        :func:`dsagen.reference._offsets` all address slots."""
         kb, sb, ps = self.key_bytes_per_token, self.scale_bytes_per_token, self.page_size
         if self.scale_placement == "page_tail":
             return Layout(ps, self.page_bytes, kb, ps * kb, sb, self.page_bytes)
@@ -189,7 +197,8 @@ class Spec:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
 
     def with_(self, **changes: Any) -> "Spec":
-        """A re-validated copy with some fields changed (names as in :meth:`to_dict`, flattened)."""
+        """A re-validated copy with some fields changed (names as in :meth:`to_dict`, flattened).
+        Raises SpecError where the result is not a valid spec."""
         d = self.to_dict()
         for k, v in changes.items():
             if k in ("key_dtype",):
@@ -203,6 +212,8 @@ class Spec:
         return Spec.from_dict(d, source=self.source)
 
     def summary(self) -> str:
+        """One line: ``name: N B/token, M B/page`` (and the ``kv_scales`` page bytes of a
+        separate spec), what ``dsagen validate`` prints."""
         s = f"{self.name}: {self.bytes_per_token} B/token, {self.page_bytes} B/page"
         if self.separate_scales:
             s += f" of keys + {self.scale_page_bytes} B/page of scales (kv_scales)"
@@ -211,6 +222,12 @@ class Spec:
     # ---- parsing -------------------------------------------------------------------------
     @staticmethod
     def from_dict(data: Any, source: str = "<dict>") -> "Spec":
+        """Validate a parsed spec mapping (the YAML schema of the README, as Python values).
+
+        Raises:
+            SpecError: an unknown key or an impossible value; the message names ``source`` and
+                the field's YAML path.
+        """
         return _parse(data, source)
 
 
