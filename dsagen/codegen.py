@@ -127,6 +127,16 @@ def mma_smem_bytes(spec: Spec, next_n: int) -> int:
     return next_n * spec.num_heads * (spec.key_bytes_per_token + 4)
 
 
+def portable_kernel(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> str:
+    """The kernel of the portable path at ``next_n`` (what runs where no sm_90a kernel does):
+    ``"mma"`` under tuning ``portable`` "mma" where :func:`mma_applies` and a request's q fits
+    in ``MAX_SMEM_BYTES``, else ``"simt"``."""
+    if (_portable(effective_tuning(spec, tuning)) == "mma" and mma_applies(spec)
+            and mma_smem_bytes(spec, next_n) <= MAX_SMEM_BYTES):
+        return "mma"
+    return "simt"
+
+
 def _portable(tune: dict[str, Any]) -> str:
     """The tuning ``portable`` (``"simt"`` or ``"mma"``); ValueError otherwise."""
     v = tune["portable"]
@@ -327,15 +337,10 @@ def paged_logits_kernel(spec: Spec, next_n: int, batch: int, max_context_len: in
     """Which paged-logits kernel a call runs on a device of compute capability ``major`` with
     ``sms`` SMs (the launch's choice, given 16-byte aligned q, weights and kv_cache, as every
     fresh allocation is): ``"ws (small)"`` (the small-work kernel of tuning ``small``), ``"ws"``,
-    ``"wgmma"``, ``"mma"`` (the portable tensor-core kernel of tuning ``portable`` ``"mma"``,
-    where :func:`mma_applies` and a request's q fits in ``MAX_SMEM_BYTES``) or ``"simt"`` (the
-    CUDA-core kernel); the last two on every device but sm_90, and on sm_90 where no sm_90a
-    kernel applies or the tuning's ``kernel`` is ``"simt"``."""
+    ``"wgmma"``, or :func:`portable_kernel`'s ``"mma"`` / ``"simt"`` on every device but sm_90,
+    and on sm_90 where no sm_90a kernel applies or the tuning's ``kernel`` is ``"simt"``."""
     if major != 9 or not wgmma_kernel_applies(spec, next_n, tuning):
-        if (_portable(effective_tuning(spec, tuning)) == "mma" and mma_applies(spec)
-                and mma_smem_bytes(spec, next_n) <= MAX_SMEM_BYTES):
-            return "mma"
-        return "simt"
+        return portable_kernel(spec, next_n, tuning)
     bound = small_work_max_len(spec, next_n, batch, sms, tuning)
     if bound is not None and max_context_len <= bound:
         return "ws (small)"

@@ -71,34 +71,30 @@ _MMA_SPECS = {
 
 
 @pytest.mark.parametrize("name", sorted(_MMA_SPECS))
-def test_nvcc_compiles_portable_mma(name, nvcc, tmp_path):
+def test_nvcc_compiles_portable_mma(name, nvcc, tmp_path, monkeypatch):
     """The portable tensor-core kernel compiles for sm_90a and sm_100a without spilling; it is
     rendered only under the tuning (the default sources stay the CUDA-core kernel's)."""
     import re
-    import subprocess
     import dsagen
     from conftest import SPECS, VARIANTS
     from dsagen.codegen import mma_applies
-    from dsagen.jit import NVCC_FLAGS, NVCC_STD, cutlass_include_dir
     from dsagen.spec import Spec
     v = _MMA_SPECS[name]
     spec = (dsagen.load_spec(SPECS[name]) if v is None else
             Spec.from_dict(VARIANTS[v] if isinstance(v, str) else v, source=f"<{name}>"))
     assert mma_applies(spec)
     assert "paged_logits_mma" not in render(spec)["paged_logits.cu"]
-    src = render(spec, {"kernel": "simt", "portable": "mma"})
-    for f in ("layout.h", "paged_logits.cu"):
-        (tmp_path / f).write_text(src[f])
-    for arch in ARCHS:
-        r = subprocess.run([nvcc, *NVCC_FLAGS, *NVCC_STD, f"-gencode=arch=compute_{arch[3:]},code={arch}",
-                            "-I", str(tmp_path), "-I", cutlass_include_dir(), "-Xptxas", "-v", "-c",
-                            str(tmp_path / "paged_logits.cu"), "-o", str(tmp_path / f"pl.{arch}.o")],
-                           capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-6000:]
-        entries = re.findall(r"entry function '(\w+)'[^\n]*\n[^\n]*\n\s*\d+ bytes stack frame, (\d+) bytes spill stores", r.stderr)
+    monkeypatch.setenv("DSAGEN_NVCC_FLAGS", "-Xptxas -v")         # ptxas reports each kernel
+    results = nvcc_compile_only(render(spec, {"kernel": "simt", "portable": "mma"}), ARCHS, workdir=tmp_path)
+    for r in results:
+        assert r.ok, f"{r.source} for {r.arch} failed:\n{r.log[-6000:]}"
+        if r.source != "paged_logits.cu":
+            continue
+        entries = re.findall(r"entry function '(\w+)'[^\n]*\n[^\n]*\n\s*\d+ bytes stack frame, (\d+) bytes spill stores",
+                             r.log)
         mma = [(fn, int(n)) for fn, n in entries if "paged_logits_mma" in fn]
-        assert len(mma) == len(spec.next_n), (arch, entries)
-        assert all(n == 0 for _, n in mma), (arch, mma)
+        assert len(mma) == len(spec.next_n), (r.arch, entries)
+        assert all(n == 0 for _, n in mma), (r.arch, mma)
 
 
 # The CPU torch wheel ships ATen/c10 CUDA headers but not the CUDA libraries' headers they
