@@ -56,12 +56,13 @@ for s in $steps; do
       for sp in ${TREE_SPECS:-specs/fp8_e4m3_page64.yaml}; do
         (cd benchmarks && timeout ${TREE_TIMEOUT:-250} python3 tree_ab.py ../$sp /tmp/tree_ab_other) 2>&1 | tee $OUT/tree_ab_$(basename $sp .yaml).log
       done ;;
-    mma) # the portable tensor-core kernel (tuning portable "mma", not a default): its GPU test on every
-      # shipped spec, then timed against the CUDA-core kernel and the default sm_90a kernel (MMA_SPECS)
-      timeout ${MMA_TEST_TIMEOUT:-300} python3 -m pytest -q -rs -m gpu tests/test_gpu.py -k portable_mma 2>&1 | tee $OUT/tests_gpu_mma.log
+    mma) # the portable path (what sm_100a runs): its GPU tests on every shipped spec (the tensor-core
+      # kernel paged_logits_mma, the default, and the CUDA-core kernel), then timed against the default
+      # sm_90a kernel (MMA_SPECS; MMA_TUNINGS adds tunings, e.g. "'{\"kernel\": \"simt\", \"portable\": \"simt\"}'")
+      timeout ${MMA_TEST_TIMEOUT:-300} python3 -m pytest -q -rs -m gpu tests/test_gpu.py -k portable_kernels 2>&1 | tee $OUT/tests_gpu_mma.log
       for sp in ${MMA_SPECS:-specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml}; do
-        (cd benchmarks && timeout ${MMA_TIMEOUT:-240} python3 paged_time.py ../$sp '{}' '{"kernel": "simt"}' \
-           '{"kernel": "simt", "portable": "mma"}') 2>&1 | tee $OUT/paged_mma_$(basename $sp .yaml).log
+        (cd benchmarks && eval "timeout ${MMA_TIMEOUT:-240} python3 paged_time.py ../$sp '{}' '{\"kernel\": \"simt\"}' ${MMA_TUNINGS:-}") \
+           2>&1 | tee $OUT/paged_mma_$(basename $sp .yaml).log
       done ;;
     quick) python3 benchmarks/quick_time.py specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml 2>&1 | tee $OUT/quick.log ;;
     abdg) # benchmarks/ab_dg.py: dsagen vs DeepGEMM's sm90 kernel in both orders (AB_SHAPES, AB_ROUNDS)

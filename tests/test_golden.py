@@ -374,7 +374,8 @@ def test_ws_stages_per_next_n(shipped):
 def test_fp8_mma_kernel_gets_the_tensor_core_bars(shipped, monkeypatch):
     """fp8 mma.sync accumulates like WGMMA (no fp32 promotion between K steps): the portable
     tensor-core kernel on e4m3 keys is held to the fp8 tensor-core bars, on sm_90 and sm_100;
-    bf16 keys and the CUDA-core kernel keep the exact-fp32 ones."""
+    bf16 keys and the CUDA-core kernel keep the exact-fp32 ones. (On the H200 the fp8 mma kernel
+    measured 6.6e-8..9.1e-8, like the CUDA-core kernel; Blackwell's is unmeasured.)"""
     import torch
     from dsagen.verify import COND_TOL, FP8_MMA_COND_TOL, FP8_MMA_REL_L2_TOL, REL_L2_TOL, logits_tolerance
     fp8, bf16 = shipped["fp8_e4m3_page64"], shipped["bf16_page64"]
@@ -383,7 +384,9 @@ def test_fp8_mma_kernel_gets_the_tensor_core_bars(shipped, monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None, m=major: (m, 0))
         assert logits_tolerance(fp8, "cuda", 2, mma) == (FP8_MMA_REL_L2_TOL, FP8_MMA_COND_TOL)
         assert logits_tolerance(bf16, "cuda", 2, mma) == (REL_L2_TOL, COND_TOL)
-    assert logits_tolerance(fp8, "cuda", 2, {"kernel": "simt"}) == (REL_L2_TOL, COND_TOL)   # sm_100 here
+    assert logits_tolerance(fp8, "cuda", 2, {"kernel": "simt"}) == (FP8_MMA_REL_L2_TOL, FP8_MMA_COND_TOL)
+    simt = {"kernel": "simt", "portable": "simt"}
+    assert logits_tolerance(fp8, "cuda", 2, simt) == (REL_L2_TOL, COND_TOL)   # sm_100 here
     assert logits_tolerance(fp8, "cpu", 2, mma) == (REL_L2_TOL, COND_TOL)
 
 
@@ -397,8 +400,8 @@ def test_unknown_tuning_keys_and_kernels_are_refused(shipped):
 
 
 def test_portable_tuning(shipped):
-    """Tuning ``portable``: "simt" (the default) or "mma"; the mma kernel is rendered only under
-    it and only where :func:`mma_applies` (every shipped layout but FP4)."""
+    """Tuning ``portable``: "mma" (the default) or "simt"; the mma kernel is rendered only under
+    "mma" and only where :func:`mma_applies` (every shipped layout but FP4)."""
     from dsagen.codegen import mma_applies, mma_smem_bytes
     assert {n for n, s in shipped.items() if not mma_applies(s)} == {"fp4_e2m1_page64"}
     for bad in ("wgmma", "", None, True):
@@ -406,9 +409,10 @@ def test_portable_tuning(shipped):
             render(shipped["fp8_e4m3_page64"], {"portable": bad})
     for name, spec in shipped.items():
         plain = render(spec)["paged_logits.cu"]
-        tuned = render(spec, {"portable": "mma"})["paged_logits.cu"]
-        assert "paged_logits_mma" not in plain
-        assert ("paged_logits_mma<NEXT_N><<<" in tuned) == mma_applies(spec), name
+        simt = render(spec, {"portable": "simt"})["paged_logits.cu"]
+        assert plain == render(spec, {"portable": "mma"})["paged_logits.cu"], name
+        assert "paged_logits_mma" not in simt
+        assert ("paged_logits_mma<NEXT_N><<<" in plain) == mma_applies(spec), name
     # q rows in B-fragment order plus fp32 weights
     assert mma_smem_bytes(shipped["fp8_e4m3_page64"], 2) == 2 * 64 * (128 + 4)
 
@@ -422,15 +426,18 @@ def test_paged_logits_kernel_choice(shipped):
     assert paged_logits_kernel(fp8, 2, 40, 8449, 132, 9) == "ws"
     assert paged_logits_kernel(fp8, 1, 128, 8192, 132, 9) == "ws"
     assert paged_logits_kernel(fp8, 1, 32, 8192, 132, 9, {"small": {}}) == "ws"
-    assert paged_logits_kernel(fp8, 1, 32, 8192, 148, 10) == "simt"
+    assert paged_logits_kernel(fp8, 1, 32, 8192, 148, 10) == "mma"           # sm_100: the portable default
+    assert paged_logits_kernel(fp8, 1, 32, 8192, 148, 10, {"portable": "simt"}) == "simt"
     assert paged_logits_kernel(bf16, 1, 32, 8192, 132, 9) == "ws"
     assert paged_logits_kernel(page1, 1, 32, 8192, 132, 9) == "wgmma"
-    # tuning portable "mma": the portable tensor-core kernel wherever the portable path runs
+    # tuning portable "mma" (the default): the portable tensor-core kernel wherever the portable
+    # path runs; "simt" the CUDA-core kernel
     mma = {"portable": "mma"}
     assert paged_logits_kernel(fp8, 1, 32, 8192, 148, 10, mma) == "mma"
     assert paged_logits_kernel(fp8, 1, 32, 8192, 132, 9, mma) == "ws (small)"
     assert paged_logits_kernel(page1, 2, 32, 8192, 132, 9, {"kernel": "simt", **mma}) == "mma"
-    assert paged_logits_kernel(page1, 2, 32, 8192, 132, 9, {"kernel": "simt"}) == "simt"
+    assert paged_logits_kernel(page1, 2, 32, 8192, 132, 9, {"kernel": "simt"}) == "mma"
+    assert paged_logits_kernel(page1, 2, 32, 8192, 132, 9, {"kernel": "simt", "portable": "simt"}) == "simt"
     fp4 = shipped["fp4_e2m1_page64"]
     assert paged_logits_kernel(fp4, 1, 32, 8192, 148, 10, mma) == "simt"      # e2m1: not mma_applies
     assert small_work_max_len(fp8, 2, 40, 132) == 8448 and small_work_max_len(fp8, 1, 5281, 132) == 0

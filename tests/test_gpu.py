@@ -119,31 +119,35 @@ def test_store_prefetch_tuning_equals_cpu_store(shipped, gen, repro):
             _store_both(spec, ops, n, slots, gen, repro)
 
 
-# the portable tensor-core kernel (tuning ``portable`` "mma", not a default: written without a
-# GPU, first to be run by this test), forced on an sm_90 device by ``kernel`` "simt"
-MMA_TUNING = {"kernel": "simt", "portable": "mma"}
+# the portable path (what sm_100a and every device but sm_90 run), forced on an sm_90 device by
+# ``kernel`` "simt": its tensor-core kernel ``paged_logits_mma`` (tuning ``portable`` "mma", the
+# default) and the CUDA-core kernel (``portable`` "simt", also the mma kernel's fallback)
+PORTABLE_TUNINGS = {"mma": {"kernel": "simt", "portable": "mma"},
+                    "simt": {"kernel": "simt", "portable": "simt"}}
 
 
-def test_portable_mma_kernel_verifies(dsagen_spec, seed, repro):
-    """``paged_logits_mma`` (tuning ``portable`` "mma") passes the full CUDA verification sweep
-    (fresh random inputs, NaN-poisoned outputs, float64 reference) on every layout it applies to,
-    and every paged-logits call of the sweep ran it (the launch's choice, as
+@pytest.mark.parametrize("portable", ["mma", "simt"])
+def test_portable_kernels_verify(dsagen_spec, seed, repro, portable):
+    """The portable path's kernels pass the CUDA verification sweep (fresh random inputs,
+    NaN-poisoned outputs, float64 reference; the full sweep for ``paged_logits_mma``, the quick
+    one for the slow CUDA-core kernel) on every layout they apply to, and every paged-logits call
+    of the sweep ran the kernel named (the launch's choice, as
     :func:`dsagen.codegen.paged_logits_kernel` reports it)."""
     import dsagen
     from dsagen.codegen import mma_applies, paged_logits_kernel
     from dsagen.ops import cuda_archs
-    spec = dsagen_spec
-    if not mma_applies(spec):
+    spec, tuning = dsagen_spec, PORTABLE_TUNINGS[portable]
+    if portable == "mma" and not mma_applies(spec):
         pytest.skip("paged_logits_mma does not apply to this layout (block scales or e2m1 keys)")
     if not cuda_archs(spec):
         pytest.skip("the device matches none of the spec's targets")
     props = torch.cuda.get_device_properties(0)
     for nn in spec.next_n:
         assert paged_logits_kernel(spec, nn, 64, 4096, props.multi_processor_count, props.major,
-                                   MMA_TUNING) == "mma", nn
-    ops = dsagen.load(spec, tuning=MMA_TUNING, with_cuda=True)
+                                   tuning) == portable, nn
+    ops = dsagen.load(spec, tuning=tuning, with_cuda=True)
     assert ops.has_cuda
-    rep = verify(spec, ops, "cuda", seed=seed, quick=False, reruns=3)
+    rep = verify(spec, ops, "cuda", seed=seed, quick=portable == "simt", reruns=3)
     assert rep.passed, f"{repro}\n{rep.table()}"
 
 

@@ -72,8 +72,8 @@ _MMA_SPECS = {
 
 @pytest.mark.parametrize("name", sorted(_MMA_SPECS))
 def test_nvcc_compiles_portable_mma(name, nvcc, tmp_path, monkeypatch):
-    """The portable tensor-core kernel compiles for sm_90a and sm_100a without spilling; it is
-    rendered only under the tuning (the default sources stay the CUDA-core kernel's)."""
+    """The portable tensor-core kernel (the default portable kernel) compiles for sm_90a and
+    sm_100a without spilling; tuning ``portable`` "simt" leaves it out."""
     import re
     import dsagen
     from conftest import SPECS, VARIANTS
@@ -83,9 +83,9 @@ def test_nvcc_compiles_portable_mma(name, nvcc, tmp_path, monkeypatch):
     spec = (dsagen.load_spec(SPECS[name]) if v is None else
             Spec.from_dict(VARIANTS[v] if isinstance(v, str) else v, source=f"<{name}>"))
     assert mma_applies(spec)
-    assert "paged_logits_mma" not in render(spec)["paged_logits.cu"]
+    assert "paged_logits_mma" not in render(spec, {"portable": "simt"})["paged_logits.cu"]
     monkeypatch.setenv("DSAGEN_NVCC_FLAGS", "-Xptxas -v")         # ptxas reports each kernel
-    results = nvcc_compile_only(render(spec, {"kernel": "simt", "portable": "mma"}), ARCHS, workdir=tmp_path)
+    results = nvcc_compile_only(render(spec, {"kernel": "simt"}), ARCHS, workdir=tmp_path)
     for r in results:
         assert r.ok, f"{r.source} for {r.arch} failed:\n{r.log[-6000:]}"
         if r.source != "paged_logits.cu":

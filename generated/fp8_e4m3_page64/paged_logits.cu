@@ -14,7 +14,9 @@
 //    precomputed once per decode step by paged_logits_ws_schedule (launch_paged_logits_schedule).
 //  * with little work (tuning `small`), paged_logits_ws of its own tuning in
 //    paged_logits_small.cu (namespace small), launched from launch() below.
-//  * paged_logits_simt: portable CUDA-core path (sm_100a and any other device).
+//  * paged_logits_mma: the portable path's tensor-core kernel (warp-level mma.sync; sm_100a and
+//    any other device, sm_90a where none of the above applies), with paged_logits_simt, the
+//    CUDA-core kernel, for inputs it cannot take.
 // and ragged_logits_simt: prefill logits over contiguous keys (DeepGEMM fp8_mqa_logits
 // semantics), a portable CUDA-core kernel on every device.
 #include <cuda_runtime.h>
@@ -163,6 +165,191 @@ paged_logits_simt(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache
       s *= sscale[lane];
       const bool valid = j < row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
       logits[(int64_t(b) * NEXT_N + i) * max_context_len + j] = (valid || !clean_logits) ? s : kNegInf;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Portable tensor-core kernel (tuning `portable`: "mma", the default; dsagen.codegen.mma_applies):
+// warp-level mma.sync, which sm_89 and later devices have (sm_90a and sm_100a alike): e4m3
+// m16n8k32, bf16 / f16 m16n8k16, fp32 accumulators. One CTA per (request, kMmaCtaTokens keys), 4 warps, each
+// scoring kMmaMT tiles of 16 keys at a time: the keys go from global memory straight into the A
+// fragments, q sits in shared memory in B-fragment order (written once per CTA), the relu*w head
+// reduction and the key scale in registers.
+//
+// Fragments (PTX ISA, mma.m16n8k32 .e4m3 and mma.m16n8k16 .bf16/.f16; lane = 4*g + t): a K step
+// covers 32 bytes of a row (32 e4m3 or 16 16-bit elements); A register 0 holds row g's bytes
+// [4t, 4t+4) of the step, register 1 row g+8's, registers 2 and 3 bytes [16+4t, 16+4t+4); B
+// register 0 holds the bytes [4t, 4t+4) of column g (a q row), register 1 bytes [16+4t, +4);
+// the accumulator c0, c1 are row g, columns 2t and 2t+1, c2, c3 row g+8. The dot product does
+// not depend on the order of the K elements as long as A and B use the same order, so each lane
+// takes whole words of a row in the order that makes its loads contiguous: word w of step s
+// (w = 0: registers 0/1, w = 1: registers 2/3) is word mma_word(s, t) + w of the row (4 lanes
+// read 16 * kMmaWords contiguous bytes, kMmaWords of them per lane, for kMmaWords / 2 steps).
+// ------------------------------------------------------------------------------------------
+constexpr int kMmaSteps = kRowBytes / 32;                              // K steps of 32 bytes
+constexpr int kMmaWords = kRowBytes >= 64 ? 4 : 2;                     // words per lane per row chunk
+constexpr int kMmaRowWords = kRowBytes / 16;                           // words per lane per row
+constexpr int kMmaMTRaw = 16 / kMmaSteps;                              // A registers <= 64 per lane
+constexpr int kMmaMT = kMmaMTRaw < 1 ? 1 : kMmaMTRaw > 4 ? 4 : kMmaMTRaw;  // 16-key tiles per warp step
+constexpr int kMmaIters = 2;                                           // warp steps per CTA
+constexpr int kMmaWarpTokens = 16 * kMmaMT;
+constexpr int kMmaCtaTokens = 4 * kMmaWarpTokens * kMmaIters;
+// 16-byte key loads where every key row is 16-byte aligned, else 4-byte ones
+constexpr int kMmaLoad = (kKeyAlign % 16 == 0 && kMmaWords == 4) ? 16 : 4;
+static_assert((kRowBytes == 32 || kRowBytes % 64 == 0) && kKeyAlign % 4 == 0,
+              "paged_logits_mma: rows of 32 bytes or a multiple of 64, of 4-byte words");
+
+// First word (of two) of K step s that lane t holds, within a row.
+__device__ __forceinline__ constexpr int mma_word(int s, int t) {
+  return (s / (kMmaWords / 2)) * (4 * kMmaWords) + t * kMmaWords + (s % (kMmaWords / 2)) * 2;
+}
+
+__device__ __forceinline__ void mma_16x8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int NEXT_N>
+constexpr int mma_smem_bytes() {
+  return NEXT_N * kNumHeads * (kRowBytes + 4);                         // q in B-fragment order, weights
+}
+
+// (128, 1): without the second bound ptxas kept some instantiations at 128 registers and spilled
+template <int NEXT_N>
+__global__ void __launch_bounds__(128, 1)
+paged_logits_mma(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache,
+                 const float* __restrict__ weights, const int* __restrict__ context_lens, bool ctx_2d,
+                 const int* __restrict__ block_table, int64_t bt_stride, float* __restrict__ logits,
+                 int64_t max_context_len, bool clean_logits) {
+  constexpr int N = NEXT_N * kNumHeads;
+  constexpr int kNT = kNumHeads / 8;                                   // 8-head column tiles per position
+  extern __shared__ __align__(16) uint8_t mma_smem[];
+  uint2* sb = reinterpret_cast<uint2*>(mma_smem);                      // [N / 8][kMmaSteps][32 lanes]
+  float* sw = reinterpret_cast<float*>(mma_smem + N * kRowBytes);      // [N]
+  const int b = blockIdx.y;
+  const int64_t c0 = int64_t(blockIdx.x) * kMmaCtaTokens;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int len = request_len<NEXT_N>(context_lens, ctx_2d, b, int(max_context_len));
+  if (c0 < len) {   // (a CTA past the request's keys only writes the -inf fill below)
+    const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q) + int64_t(b) * N * (kRowBytes / 4);
+    for (int e = tid; e < (N / 8) * kMmaSteps * 32; e += 128) {
+      const int l = e & 31, s = (e >> 5) % kMmaSteps, nt = (e >> 5) / kMmaSteps;
+      const uint32_t* row = q32 + (nt * 8 + (l >> 2)) * (kRowBytes / 4);
+      const int w = mma_word(s, l & 3);
+      sb[e] = make_uint2(__ldg(row + w), __ldg(row + w + 1));
+    }
+    for (int n = tid; n < N; n += 128) sw[n] = __ldg(weights + int64_t(b) * N + n);
+  }
+  __syncthreads();
+  const int* bt = block_table + b * bt_stride;
+#pragma unroll 1
+  for (int it = 0; it < kMmaIters; ++it) {
+    const int64_t j0 = c0 + int64_t(it * 4 + warp) * kMmaWarpTokens;
+    if (j0 >= max_context_len) break;
+    if (j0 >= len) {
+      if (clean_logits)
+        for (int idx = lane; idx < NEXT_N * kMmaWarpTokens; idx += 32) {
+          const int64_t j = j0 + idx % kMmaWarpTokens;
+          if (j < max_context_len) logits[(int64_t(b) * NEXT_N + idx / kMmaWarpTokens) * max_context_len + j] = kNegInf;
+        }
+      continue;
+    }
+    // this lane's words of rows g and g+8 of each 16-key tile (zeros past the request's keys)
+    uint32_t a[kMmaMT][2][kMmaRowWords];
+#pragma unroll
+    for (int m = 0; m < kMmaMT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t j = j0 + m * 16 + h * 8 + g;
+        if (j < len) {
+          const int64_t slot = int64_t(__ldg(bt + j / kPageSize)) * kPageSize + j % kPageSize;
+          const uint8_t* row = kv_cache + key_offset(slot);
+#pragma unroll
+          for (int c = 0; c < kMmaRowWords / kMmaWords; ++c) {
+            const uint8_t* p = row + (c * 4 + t) * kMmaWords * 4;
+            if constexpr (kMmaLoad == 16) {
+              const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+              a[m][h][c * 4 + 0] = v.x;
+              a[m][h][c * 4 + 1] = v.y;
+              a[m][h][c * 4 + 2] = v.z;
+              a[m][h][c * 4 + 3] = v.w;
+            } else {
+#pragma unroll
+              for (int w = 0; w < kMmaWords; ++w)
+                a[m][h][c * kMmaWords + w] = __ldg(reinterpret_cast<const uint32_t*>(p) + w);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int w = 0; w < kMmaRowWords; ++w) a[m][h][w] = 0u;
+        }
+      }
+    // part[m][i][h]: this lane's share of sum_h w * relu(q . k) of row g (h = 0) / g+8 (h = 1)
+    float part[kMmaMT][NEXT_N][2];
+#pragma unroll
+    for (int i = 0; i < NEXT_N; ++i) {
+#pragma unroll
+      for (int m = 0; m < kMmaMT; ++m) part[m][i][0] = part[m][i][1] = 0.f;
+#pragma unroll 1
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int col = i * kNT + nt;
+        float acc[kMmaMT][4];
+#pragma unroll
+        for (int m = 0; m < kMmaMT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+#pragma unroll
+        for (int s = 0; s < kMmaSteps; ++s) {
+          const uint2 bf = sb[(col * kMmaSteps + s) * 32 + lane];
+          constexpr int kHalf = kMmaWords / 2;
+          const int w = (s / kHalf) * kMmaWords + (s % kHalf) * 2;      // mma_word(s, t) - t * kMmaWords
+#pragma unroll
+          for (int m = 0; m < kMmaMT; ++m)
+            mma_16x8(acc[m], a[m][0][w], a[m][1][w], a[m][0][w + 1], a[m][1][w + 1], bf.x, bf.y);
+        }
+        const float2 wt = *reinterpret_cast<const float2*>(sw + col * 8 + 2 * t);
+#pragma unroll
+        for (int m = 0; m < kMmaMT; ++m) {
+          part[m][i][0] += fmaxf(acc[m][0], 0.f) * wt.x + fmaxf(acc[m][1], 0.f) * wt.y;
+          part[m][i][1] += fmaxf(acc[m][2], 0.f) * wt.x + fmaxf(acc[m][3], 0.f) * wt.y;
+        }
+      }
+    }
+    // the 4 lanes of a row group hold its columns 2t, 2t+1 of every tile: sum them
+#pragma unroll
+    for (int m = 0; m < kMmaMT; ++m)
+#pragma unroll
+      for (int i = 0; i < NEXT_N; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v = part[m][i][h];
+          v += __shfl_xor_sync(0xffffffffu, v, 1);
+          v += __shfl_xor_sync(0xffffffffu, v, 2);
+          part[m][i][h] = v;
+        }
+    // lane t writes next_n position t (lanes 4g..4g+3 write rows g and g+8 of each tile)
+    if (t < NEXT_N) {
+#pragma unroll
+      for (int m = 0; m < kMmaMT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t j = j0 + m * 16 + h * 8 + g;
+          if (j < max_context_len) {
+            float sc = 0.f;
+            if (j < len) {
+              const int64_t slot = int64_t(__ldg(bt + j / kPageSize)) * kPageSize + j % kPageSize;
+              sc = load_scale(kv_cache, slot, 0);
+            }
+#pragma unroll
+            for (int i = 0; i < NEXT_N; ++i)
+              if (i == t) {
+                const bool valid = j < row_bound<NEXT_N>(context_lens, ctx_2d, b, i);
+                logits[(int64_t(b) * NEXT_N + i) * max_context_len + j] =
+                    (valid || !clean_logits) ? part[m][i][h] * sc : kNegInf;
+              }
+          }
+        }
     }
   }
 }
@@ -1599,6 +1786,33 @@ static cudaError_t launch(const void* q, const uint8_t* kv_cache, int64_t num_pa
         static_cast<const uint8_t*>(q), kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride,
         logits, max_context_len, batch, clean_logits);
     return cudaGetLastError();
+  }
+  {
+    // tuning `portable` "mma" (the default): the portable tensor-core kernel; q read in 4-byte
+    // words and keys in kMmaLoad-byte pieces: inputs not aligned to those, or a device whose
+    // shared memory per block cannot hold a request's q, take the CUDA-core kernel below
+    constexpr int mma_smem = mma_smem_bytes<NEXT_N>();
+    static int mma_optin[kMaxDevices] = {};
+    if (mma_optin[dev] == 0) {
+      int v = 0;
+      err = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+      if (err != cudaSuccess) return err;
+      if (v >= mma_smem) {
+        err = cudaFuncSetAttribute(paged_logits_mma<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem);
+        if (err != cudaSuccess) return err;
+      }
+      mma_optin[dev] = v > 0 ? v : 1;
+    }
+    const bool mma_aligned = ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(weights)) & 3) == 0 &&
+                             (reinterpret_cast<uintptr_t>(kv_cache) & (kMmaLoad - 1)) == 0;
+    if (mma_aligned && mma_smem <= mma_optin[dev]) {
+      if (batch > 65535) return cudaErrorInvalidConfiguration;
+      const dim3 grid(unsigned((max_context_len + kMmaCtaTokens - 1) / kMmaCtaTokens), unsigned(batch));
+      paged_logits_mma<NEXT_N><<<grid, 128, mma_smem, stream>>>(
+          static_cast<const QT*>(q), kv_cache, weights, context_lens, ctx_2d, block_table, bt_stride, logits,
+          max_context_len, clean_logits);
+      return cudaGetLastError();
+    }
   }
   constexpr int N = NEXT_N * kNumHeads;
   const int smem = N * kHeadDim * int(sizeof(QT)) + 32 * (kHeadDim + 1) * 4 + 4 * NEXT_N * 32 * 4;

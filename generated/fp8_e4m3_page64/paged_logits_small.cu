@@ -14,7 +14,9 @@
 //    same WGMMA tile math. In both, the schedule (which tiles a CTA owns) is computed on the
 //    device from context_lens: no host sync. paged_logits_ws can instead start from a schedule
 //    precomputed once per decode step by paged_logits_ws_schedule (launch_paged_logits_schedule).
-//  * paged_logits_simt: portable CUDA-core path (sm_100a and any other device).
+//  * paged_logits_mma: the portable path's tensor-core kernel (warp-level mma.sync; sm_100a and
+//    any other device, sm_90a where none of the above applies), with paged_logits_simt, the
+//    CUDA-core kernel, for inputs it cannot take.
 // and ragged_logits_simt: prefill logits over contiguous keys (DeepGEMM fp8_mqa_logits
 // semantics), a portable CUDA-core kernel on every device.
 #include <cuda_runtime.h>
