@@ -122,9 +122,10 @@ def mma_applies(spec: Spec) -> bool:
 
 def mma_smem_bytes(spec: Spec, next_n: int) -> int:
     """Dynamic shared memory of one ``paged_logits_mma`` CTA (``mma_smem_bytes`` in
-    paged_logits.cu): a request's ``next_n * num_heads`` q rows in B-fragment order and their
-    fp32 weights."""
-    return next_n * spec.num_heads * (spec.key_bytes_per_token + 4)
+    paged_logits.cu): a request's ``next_n * num_heads`` q rows in B-fragment order (e4m3 q
+    widened to f16, twice its bytes) and their fp32 weights."""
+    widen = 2 if spec.key_dtype == "e4m3" else 1
+    return next_n * spec.num_heads * (spec.key_bytes_per_token * widen + 4)
 
 
 def portable_kernel(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> str:
@@ -813,6 +814,7 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "wgmma_smem": {nn: wgmma_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
         "e2m1_mma": uses_e2m1_mma(spec) and tune["kernel"] in ("ws", "wgmma"),
         "portable_mma": _portable(tune) == "mma" and mma_applies(spec),
+        "mma_smem": {nn: mma_smem_bytes(spec, nn) for nn in spec.next_n},
         "e2m1_q_slots": {nn: e2m1_q_slots(spec, nn) for nn in spec.next_n},
         "e2m1_max_rows": E2M1_MAX_ROWS,
         "e2m1_smem": {nn: e2m1_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},

@@ -413,8 +413,9 @@ def test_portable_tuning(shipped):
         assert plain == render(spec, {"portable": "mma"})["paged_logits.cu"], name
         assert "paged_logits_mma" not in simt
         assert ("paged_logits_mma<NEXT_N><<<" in plain) == mma_applies(spec), name
-    # q rows in B-fragment order plus fp32 weights
-    assert mma_smem_bytes(shipped["fp8_e4m3_page64"], 2) == 2 * 64 * (128 + 4)
+    # q rows in B-fragment order (e4m3 widened to f16) plus fp32 weights
+    assert mma_smem_bytes(shipped["fp8_e4m3_page64"], 2) == 2 * 64 * (2 * 128 + 4)
+    assert mma_smem_bytes(shipped["bf16_page64"], 2) == 2 * 64 * (256 + 4)
 
 
 def test_paged_logits_kernel_choice(shipped):
