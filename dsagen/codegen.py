@@ -120,12 +120,22 @@ def mma_applies(spec: Spec) -> bool:
             and spec.key_align % 4 == 0)
 
 
-def mma_smem_bytes(spec: Spec, next_n: int) -> int:
+def mma_smem_bytes(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> int:
     """Dynamic shared memory of one ``paged_logits_mma`` CTA (``mma_smem_bytes`` in
-    paged_logits.cu): a request's ``next_n * num_heads`` q rows in B-fragment order (e4m3 q
-    widened to f16, twice its bytes) and their fp32 weights."""
-    widen = 2 if spec.key_dtype == "e4m3" else 1
+    paged_logits.cu): a request's ``next_n * num_heads`` q rows in B-fragment order (twice their
+    bytes where tuning ``mma_widen`` widens e4m3 q to f16) and their fp32 weights."""
+    widen = 2 if mma_widens(spec, tuning) else 1
     return next_n * spec.num_heads * (spec.key_bytes_per_token * widen + 4)
+
+
+def mma_widens(spec: Spec, tuning: dict[str, Any] | None = None) -> bool:
+    """Whether ``paged_logits_mma`` widens e4m3 keys and q to f16 once and scores them with f16
+    m16n8k16 MMAs (tuning ``mma_widen`` on an e4m3 layout) rather than issuing e4m3 m16n8k32
+    ``mma.sync``. ValueError where ``mma_widen`` is not a bool."""
+    v = effective_tuning(spec, tuning)["mma_widen"]
+    if not isinstance(v, bool):
+        raise ValueError(f"tuning mma_widen={v!r}: must be true or false")
+    return v and spec.key_dtype == "e4m3"
 
 
 def portable_kernel(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> str:
@@ -133,7 +143,7 @@ def portable_kernel(spec: Spec, next_n: int, tuning: dict[str, Any] | None = Non
     ``"mma"`` under tuning ``portable`` "mma" (the default) where :func:`mma_applies` and a
     request's q fits in ``MAX_SMEM_BYTES``, else ``"simt"``."""
     if (_portable(effective_tuning(spec, tuning)) == "mma" and mma_applies(spec)
-            and mma_smem_bytes(spec, next_n) <= MAX_SMEM_BYTES):
+            and mma_smem_bytes(spec, next_n, tuning) <= MAX_SMEM_BYTES):
         return "mma"
     return "simt"
 
@@ -482,6 +492,15 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     than the CUDA-core kernel (20-30 % of copy bandwidth for fp8 keys, 30-67 % for bf16 keys);
     ``{"kernel": "simt"}`` runs the portable path on the H200. sm_100a, where it is the only
     tensor-core kernel, has not been run (no Blackwell GPU is lent).
+    ``mma_widen`` (default False; not yet run on a GPU): ``paged_logits_mma`` on e4m3 keys widens
+    each key word and q to f16 once (exact) and issues f16 m16n8k16 MMAs. sm_90a and sm_100a have
+    no warp-level fp8 MMA: ptxas lowers each e4m3 m16n8k32 ``mma.sync`` to two f16 HMMAs that
+    convert both operands again (144 F2FP conversions to 32 HMMAs in the next_n 1 kernel's SASS
+    for sm_90a and sm_100a, nvcc 13.0), where the widened form converts each key once (64 to
+    16 HMMAs per 8 heads, 0.5 per HMMA across the 8 head tiles). Written in the thirty-sixth
+    session after the device stopped being lent: it compiles without spills for both targets, but
+    its speed and correctness on a GPU are unknown (``benchmarks/gpu_run.sh mma`` with
+    ``MMA_TUNINGS`` times it, ``tests/test_gpu.py::test_portable_kernels_verify`` verifies it).
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
@@ -522,7 +541,10 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "store_prefetch_min_n": 4096,
             # verified on the H200 (thirty-sixth session: the full CUDA sweep on the six shipped
             # layouts it applies to) and 14-32x faster there than the CUDA-core kernel
-            "portable": "mma"}
+            "portable": "mma",
+            # written without a GPU (thirty-sixth session, the device no longer lent): off until
+            # it is verified and timed on one
+            "mma_widen": False}
 
 
 def _store_prefetch(tune: dict[str, Any]) -> bool:
@@ -556,6 +578,8 @@ def _check_counts(tune: dict[str, Any]) -> None:
     _kv_evict_first(tune)
     _store_prefetch(tune)
     _portable(tune)
+    if not isinstance(tune["mma_widen"], bool):
+        raise ValueError(f"tuning mma_widen={tune['mma_widen']!r}: must be true or false")
     _loop(tune)
     _lean_loop(tune)
 
@@ -814,7 +838,8 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "wgmma_smem": {nn: wgmma_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
         "e2m1_mma": uses_e2m1_mma(spec) and tune["kernel"] in ("ws", "wgmma"),
         "portable_mma": _portable(tune) == "mma" and mma_applies(spec),
-        "mma_smem": {nn: mma_smem_bytes(spec, nn) for nn in spec.next_n},
+        "mma_smem": {nn: mma_smem_bytes(spec, nn, tune) for nn in spec.next_n},
+        "mma_widen": bool(tune["mma_widen"]) and spec.key_dtype == "e4m3",
         "e2m1_q_slots": {nn: e2m1_q_slots(spec, nn) for nn in spec.next_n},
         "e2m1_max_rows": E2M1_MAX_ROWS,
         "e2m1_smem": {nn: e2m1_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},

@@ -413,9 +413,16 @@ def test_portable_tuning(shipped):
         assert plain == render(spec, {"portable": "mma"})["paged_logits.cu"], name
         assert "paged_logits_mma" not in simt
         assert ("paged_logits_mma<NEXT_N><<<" in plain) == mma_applies(spec), name
-    # q rows in B-fragment order (e4m3 widened to f16) plus fp32 weights
-    assert mma_smem_bytes(shipped["fp8_e4m3_page64"], 2) == 2 * 64 * (2 * 128 + 4)
-    assert mma_smem_bytes(shipped["bf16_page64"], 2) == 2 * 64 * (256 + 4)
+    # q rows in B-fragment order (widened to f16 under mma_widen) plus fp32 weights
+    fp8, bf16 = shipped["fp8_e4m3_page64"], shipped["bf16_page64"]
+    assert mma_smem_bytes(fp8, 2) == 2 * 64 * (128 + 4)
+    assert mma_smem_bytes(fp8, 2, {"mma_widen": True}) == 2 * 64 * (2 * 128 + 4)
+    assert mma_smem_bytes(bf16, 2, {"mma_widen": True}) == 2 * 64 * (256 + 4)
+    # mma_widen: off by default, a bool, and only e4m3 keys change
+    assert render(bf16, {"mma_widen": True})["paged_logits.cu"].count("mma_widen(") == 0
+    assert render(fp8, {"mma_widen": True})["paged_logits.cu"].count("mma_widen(") > 0
+    with pytest.raises(ValueError, match="tuning mma_widen=1: must be true or false"):
+        render(fp8, {"mma_widen": 1})
 
 
 def test_paged_logits_kernel_choice(shipped):

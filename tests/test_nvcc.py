@@ -70,10 +70,12 @@ _MMA_SPECS = {
 }
 
 
+@pytest.mark.parametrize("widen", [False, True], ids=["mma", "mma_widen"])
 @pytest.mark.parametrize("name", sorted(_MMA_SPECS))
-def test_nvcc_compiles_portable_mma(name, nvcc, tmp_path, monkeypatch):
+def test_nvcc_compiles_portable_mma(name, widen, nvcc, tmp_path, monkeypatch):
     """The portable tensor-core kernel (the default portable kernel) compiles for sm_90a and
-    sm_100a without spilling; tuning ``portable`` "simt" leaves it out."""
+    sm_100a without spilling, also in its ``mma_widen`` form on e4m3 keys (f16 MMAs on keys and
+    q widened once); tuning ``portable`` "simt" leaves it out."""
     import re
     import dsagen
     from conftest import SPECS, VARIANTS
@@ -83,9 +85,14 @@ def test_nvcc_compiles_portable_mma(name, nvcc, tmp_path, monkeypatch):
     spec = (dsagen.load_spec(SPECS[name]) if v is None else
             Spec.from_dict(VARIANTS[v] if isinstance(v, str) else v, source=f"<{name}>"))
     assert mma_applies(spec)
+    if widen and spec.key_dtype != "e4m3":
+        pytest.skip("mma_widen: e4m3 keys only")
     assert "paged_logits_mma" not in render(spec, {"portable": "simt"})["paged_logits.cu"]
     monkeypatch.setenv("DSAGEN_NVCC_FLAGS", "-Xptxas -v")         # ptxas reports each kernel
-    results = nvcc_compile_only(render(spec, {"kernel": "simt"}), ARCHS, workdir=tmp_path)
+    src = render(spec, {"kernel": "simt", "mma_widen": widen})
+    assert ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3" in src["paged_logits.cu"]) == (
+        spec.key_dtype == "e4m3" and not widen)
+    results = nvcc_compile_only(src, ARCHS, workdir=tmp_path)
     for r in results:
         assert r.ok, f"{r.source} for {r.arch} failed:\n{r.log[-6000:]}"
         if r.source != "paged_logits.cu":

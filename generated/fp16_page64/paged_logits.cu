@@ -188,12 +188,7 @@ paged_logits_simt(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache
 constexpr int kMmaSteps = kRowBytes / 32;                              // K steps of 32 bytes
 constexpr int kMmaWords = kRowBytes >= 64 ? 4 : 2;                     // words per lane per row chunk
 constexpr int kMmaRowWords = kRowBytes / 16;                           // words per lane per row
-// e4m3 keys and q are widened to f16 (exact) and scored by f16 m16n8k16 MMAs: sm_90 and sm_100
-// have no warp-level fp8 MMA, and ptxas lowers an e4m3 mma.sync to f16 HMMAs that convert both
-// operands again at every MMA; widened once, keys take two registers per word and q twice the
-// shared memory
-constexpr bool kMmaWiden = false;
-constexpr int kMmaRegWords = kMmaWiden ? 2 : 1;                        // A registers per key word
+constexpr int kMmaRegWords = 1;                                        // A registers per key word
 constexpr int kMmaMTRaw = 16 / (kMmaSteps * kMmaRegWords);             // A registers <= 64 per lane
 constexpr int kMmaMT = kMmaMTRaw < 1 ? 1 : kMmaMTRaw > 4 ? 4 : kMmaMTRaw;  // 16-key tiles per warp step
 constexpr int kMmaIters = 2;                                           // warp steps per CTA
@@ -216,13 +211,6 @@ __device__ __forceinline__ void mma_16x8(float (&d)[4], uint32_t a0, uint32_t a1
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Two f16x2 registers from a word of four e4m3 bytes: bytes 0-1 (lo) and 2-3 (hi), each byte in the
-// half of the same significance (exact: every e4m3 value is an f16 value).
-__device__ __forceinline__ uint2 mma_widen(uint32_t w) {
-  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
-  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
-  return make_uint2(uint32_t(lo.x) | (uint32_t(lo.y) << 16), uint32_t(hi.x) | (uint32_t(hi.y) << 16));
-}
 
 template <int NEXT_N>
 constexpr int mma_smem_bytes() {
@@ -242,11 +230,8 @@ paged_logits_mma(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache,
   constexpr int N = NEXT_N * kNumHeads;
   constexpr int kNT = kNumHeads / 8;                                   // 8-head column tiles per position
   extern __shared__ __align__(16) uint8_t mma_smem[];
-  // [N / 8][kMmaSteps][32 lanes] B fragments: uint2 {b0, b1}, or widened uint4 {lo(b0), lo(b1),
-  // hi(b0), hi(b1)} (the f16 fragments of the step's two k16 halves)
-  using BFrag = std::conditional_t<kMmaWiden, uint4, uint2>;
-  BFrag* sb = reinterpret_cast<BFrag*>(mma_smem);
-  float* sw = reinterpret_cast<float*>(mma_smem + N * kRowBytes * kMmaRegWords);      // [N]
+  uint2* sb = reinterpret_cast<uint2*>(mma_smem);                      // [N / 8][kMmaSteps][32 lanes]
+  float* sw = reinterpret_cast<float*>(mma_smem + N * kRowBytes);      // [N]
   const int b = blockIdx.y;
   const int64_t c0 = int64_t(blockIdx.x) * kMmaCtaTokens;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -257,13 +242,7 @@ paged_logits_mma(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache,
       const int l = e & 31, s = (e >> 5) % kMmaSteps, nt = (e >> 5) / kMmaSteps;
       const uint32_t* row = q32 + (nt * 8 + (l >> 2)) * (kRowBytes / 4);
       const int w = mma_word(s, l & 3);
-      const uint32_t b0 = __ldg(row + w), b1 = __ldg(row + w + 1);
-      if constexpr (kMmaWiden) {
-        const uint2 x = mma_widen(b0), y = mma_widen(b1);
-        sb[e] = make_uint4(x.x, y.x, x.y, y.y);
-      } else {
-        sb[e] = make_uint2(b0, b1);
-      }
+      sb[e] = make_uint2(__ldg(row + w), __ldg(row + w + 1));
     }
     for (int n = tid; n < N; n += 128) sw[n] = __ldg(weights + int64_t(b) * N + n);
   }
@@ -311,22 +290,6 @@ paged_logits_mma(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache,
           for (int w = 0; w < kMmaRowWords; ++w) a[m][h][w] = 0u;
         }
       }
-    // e4m3: each word widened once into f16x2 registers 2w (bytes 0-1) and 2w+1 (bytes 2-3)
-    uint32_t af[kMmaMT][2][kMmaRowWords * kMmaRegWords];
-#pragma unroll
-    for (int m = 0; m < kMmaMT; ++m)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int w = 0; w < kMmaRowWords; ++w) {
-          if constexpr (kMmaWiden) {
-            const uint2 x = mma_widen(a[m][h][w]);
-            af[m][h][kMmaRegWords * w] = x.x;
-            af[m][h][kMmaRegWords * w + kMmaRegWords - 1] = x.y;
-          } else {
-            af[m][h][w] = a[m][h][w];
-          }
-        }
     // part[m][i][h]: this lane's share of sum_h w * relu(q . k) of row g (h = 0) / g+8 (h = 1)
     float part[kMmaMT][NEXT_N][2];
 #pragma unroll
@@ -341,22 +304,12 @@ paged_logits_mma(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache,
         for (int m = 0; m < kMmaMT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
 #pragma unroll
         for (int s = 0; s < kMmaSteps; ++s) {
-          const BFrag bf = sb[(col * kMmaSteps + s) * 32 + lane];
+          const uint2 bf = sb[(col * kMmaSteps + s) * 32 + lane];
           constexpr int kHalf = kMmaWords / 2;
           const int w = (s / kHalf) * kMmaWords + (s % kHalf) * 2;      // mma_word(s, t) - t * kMmaWords
-          if constexpr (kMmaWiden) {
-            // the e4m3 step's k32 = two f16 k16 steps: the low byte pairs of words w, w+1, then the high
-            const int u = 2 * w, v = 2 * w + 2;
 #pragma unroll
-            for (int m = 0; m < kMmaMT; ++m) {
-              mma_16x8(acc[m], af[m][0][u], af[m][1][u], af[m][0][v], af[m][1][v], bf.x, bf.y);
-              mma_16x8(acc[m], af[m][0][u + 1], af[m][1][u + 1], af[m][0][v + 1], af[m][1][v + 1], bf.z, bf.w);
-            }
-          } else {
-#pragma unroll
-            for (int m = 0; m < kMmaMT; ++m)
-              mma_16x8(acc[m], af[m][0][w], af[m][1][w], af[m][0][w + 1], af[m][1][w + 1], bf.x, bf.y);
-          }
+          for (int m = 0; m < kMmaMT; ++m)
+            mma_16x8(acc[m], a[m][0][w], a[m][1][w], a[m][0][w + 1], a[m][1][w + 1], bf.x, bf.y);
         }
         const float2 wt = *reinterpret_cast<const float2*>(sw + col * 8 + 2 * t);
 #pragma unroll
