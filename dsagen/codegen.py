@@ -488,8 +488,8 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     ``paged_logits_mma``, warp-level ``mma.sync`` tensor-core tiles, where :func:`mma_applies`;
     elsewhere the CUDA-core kernel) or ``"simt"`` (the fp32 CUDA-core kernel everywhere). On the
     H200 (2026-12-05, ``benchmarks/RESULTS.md``, thirty-sixth session) the mma kernel passed the
-    full CUDA verification sweep on every shipped layout it applies to and ran 14-32x faster
-    than the CUDA-core kernel (20-30 % of copy bandwidth for fp8 keys, 30-67 % for bf16 keys);
+    full CUDA verification sweep on every shipped layout it applies to and ran 14-28x faster
+    than the CUDA-core kernel (14-30 % of copy bandwidth for fp8 keys, 30-67 % for bf16 keys);
     ``{"kernel": "simt"}`` runs the portable path on the H200. sm_100a, where it is the only
     tensor-core kernel, has not been run (no Blackwell GPU is lent).
     ``mma_widen`` (default False; not yet run on a GPU): ``paged_logits_mma`` on e4m3 keys widens
@@ -540,7 +540,7 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "store_prefetch": False,
             "store_prefetch_min_n": 4096,
             # verified on the H200 (thirty-sixth session: the full CUDA sweep on the six shipped
-            # layouts it applies to) and 14-32x faster there than the CUDA-core kernel
+            # layouts it applies to) and 14-28x faster there than the CUDA-core kernel
             "portable": "mma",
             # written without a GPU (thirty-sixth session, the device no longer lent): off until
             # it is verified and timed on one

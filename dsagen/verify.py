@@ -53,10 +53,12 @@ def logits_tolerance(spec: Spec, device, next_n: int | None = None,
     :func:`dsagen.codegen.wgmma_kernel_applies` for ``next_n``, default the spec's largest, and
     the ops' ``tuning``, or for its small-work kernel's tuning) gets ``FP8_MMA_*``, and so does
     the portable tensor-core kernel (``paged_logits_mma``, tuning ``portable`` "mma") on e4m3
-    keys on any device (its fp8 ``mma.sync`` accumulates as WGMMA does, without an fp32
-    promotion between K steps: SageAttention and DeepGEMM report about 13-bit accumulation on
-    Ada and Hopper, not yet measured here); every other kernel (the CUDA-core kernel, bf16/fp16
-    tensor cores, CPU) the exact-fp32 bars ``REL_L2_TOL`` / ``COND_TOL``.
+    keys on any device (a margin kept from before it ran: fp8 ``mma.sync`` was expected to
+    accumulate as WGMMA does, with fewer bits than fp32. On sm_90a and sm_100a ptxas lowers it
+    to f16 HMMAs with fp32 accumulation, and on the H200 it measured 6.6e-8..9.1e-8, as the
+    CUDA-core kernel does: ``benchmarks/RESULTS.md``, thirty-sixth session); every other kernel
+    (the CUDA-core kernel, bf16/fp16 tensor cores, CPU) the exact-fp32 bars ``REL_L2_TOL`` /
+    ``COND_TOL``.
     """
     from .codegen import portable_kernel, small_tuning, wgmma_kernel_applies
     dev = torch.device(device)
