@@ -121,12 +121,15 @@ def test_store_prefetch_tuning_equals_cpu_store(shipped, gen, repro):
 
 # the portable path (what sm_100a and every device but sm_90 run), forced on an sm_90 device by
 # ``kernel`` "simt": its tensor-core kernel ``paged_logits_mma`` (tuning ``portable`` "mma", the
-# default) and the CUDA-core kernel (``portable`` "simt", also the mma kernel's fallback)
+# default), its ``mma_widen`` form (e4m3 keys and q widened to f16 once, f16 MMAs; off by
+# default, not yet run on a GPU when written) and the CUDA-core kernel (``portable`` "simt", also
+# the mma kernel's fallback)
 PORTABLE_TUNINGS = {"mma": {"kernel": "simt", "portable": "mma"},
+                    "mma_widen": {"kernel": "simt", "portable": "mma", "mma_widen": True},
                     "simt": {"kernel": "simt", "portable": "simt"}}
 
 
-@pytest.mark.parametrize("portable", ["mma", "simt"])
+@pytest.mark.parametrize("portable", ["mma", "mma_widen", "simt"])
 def test_portable_kernels_verify(dsagen_spec, seed, repro, portable):
     """The portable path's kernels pass the CUDA verification sweep (fresh random inputs,
     NaN-poisoned outputs, float64 reference; the full sweep for ``paged_logits_mma``, the quick
@@ -137,14 +140,16 @@ def test_portable_kernels_verify(dsagen_spec, seed, repro, portable):
     from dsagen.codegen import mma_applies, paged_logits_kernel
     from dsagen.ops import cuda_archs
     spec, tuning = dsagen_spec, PORTABLE_TUNINGS[portable]
-    if portable == "mma" and not mma_applies(spec):
+    if portable != "simt" and not mma_applies(spec):
         pytest.skip("paged_logits_mma does not apply to this layout (block scales or e2m1 keys)")
+    if portable == "mma_widen" and spec.key_dtype != "e4m3":
+        pytest.skip("mma_widen changes e4m3 keys only")
     if not cuda_archs(spec):
         pytest.skip("the device matches none of the spec's targets")
     props = torch.cuda.get_device_properties(0)
     for nn in spec.next_n:
         assert paged_logits_kernel(spec, nn, 64, 4096, props.multi_processor_count, props.major,
-                                   tuning) == portable, nn
+                                   tuning) == portable.split("_")[0], nn
     ops = dsagen.load(spec, tuning=tuning, with_cuda=True)
     assert ops.has_cuda
     rep = verify(spec, ops, "cuda", seed=seed, quick=portable == "simt", reruns=3)
