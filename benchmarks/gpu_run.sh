@@ -2,7 +2,7 @@
 # One device call: install, build + verify both shipped specs on the GPU, GPU tests, timing.
 # Usage on the device machine: bash benchmarks/gpu_run.sh [steps...]
 #   steps: dgbench (DG_DIR, DG_PATH, DG_SPECS, BENCH_TIMEOUT) abdg (AB_SHAPES, AB_ROUNDS, AB_TIMEOUT) precompile compile (SPECS, default all; COMPILE_ARGS) variants (VARIANT_SPECS) tests gputests quick bench benchall
-#          doctor startup compat recall launchprobe storeprobe (PROBE_N, PROBE_TIMEOUT) storetime (STORE_SPECS, STORE_TUNINGS: quoted JSON tunings) dataprobe (PROBE_SHAPES) powerprobe (POWER_SHAPE) timeline (TIMELINE_SHAPES) mma (MMA_SPECS, MMA_TIMEOUT) treeab (TREE_REV, TREE_SPECS, TREE_TIMEOUT); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT; TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
+#          doctor startup compat recall launchprobe storeprobe (PROBE_N, PROBE_TIMEOUT) storetime (STORE_SPECS, STORE_TUNINGS: quoted JSON tunings) dataprobe (PROBE_SHAPES) powerprobe (POWER_SHAPE) timeline (TIMELINE_SHAPES) mma (MMA_SPECS, MMA_TUNINGS, MMA_TEST_TIMEOUT, MMA_TIMEOUT) treeab (TREE_REV, TREE_SPECS, TREE_TIMEOUT); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT; TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CXX=/usr/bin/g++ DSAGEN_CACHE_DIR=/tmp/dsagen-cache
@@ -59,7 +59,7 @@ for s in $steps; do
     mma) # the portable path (what sm_100a runs): its GPU tests on every shipped spec (the tensor-core
       # kernel paged_logits_mma, the default, and the CUDA-core kernel), then timed against the default
       # sm_90a kernel (MMA_SPECS; MMA_TUNINGS adds tunings, e.g. "'{\"kernel\": \"simt\", \"portable\": \"simt\"}'")
-      timeout ${MMA_TEST_TIMEOUT:-300} python3 -m pytest -q -rs -m gpu tests/test_gpu.py -k portable_kernels 2>&1 | tee $OUT/tests_gpu_mma.log
+      timeout ${MMA_TEST_TIMEOUT:-450} python3 -m pytest -q -rs -m gpu tests/test_gpu.py -k portable_kernels 2>&1 | tee $OUT/tests_gpu_mma.log
       for sp in ${MMA_SPECS:-specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml}; do
         (cd benchmarks && eval "timeout ${MMA_TIMEOUT:-240} python3 paged_time.py ../$sp '{}' '{\"kernel\": \"simt\"}' ${MMA_TUNINGS:-}") \
            2>&1 | tee $OUT/paged_mma_$(basename $sp .yaml).log

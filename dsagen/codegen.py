@@ -141,7 +141,9 @@ def mma_widens(spec: Spec, tuning: dict[str, Any] | None = None) -> bool:
 def portable_kernel(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> str:
     """The kernel of the portable path at ``next_n`` (what runs where no sm_90a kernel does):
     ``"mma"`` under tuning ``portable`` "mma" (the default) where :func:`mma_applies` and a
-    request's q fits in ``MAX_SMEM_BYTES``, else ``"simt"``."""
+    request's q fits in ``MAX_SMEM_BYTES``, else ``"simt"``. ValueError for an invalid
+    ``portable`` or ``mma_widen``."""
+    mma_widens(spec, tuning)   # ValueError for a non-bool mma_widen, whichever kernel runs
     if (_portable(effective_tuning(spec, tuning)) == "mma" and mma_applies(spec)
             and mma_smem_bytes(spec, next_n, tuning) <= MAX_SMEM_BYTES):
         return "mma"

@@ -8,7 +8,7 @@ import pytest
 
 import dsagen
 from dsagen.codegen import (CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, default_tuning, effective_tuning, namespace,
-                            paged_logits_kernel, render, small_tuning, small_work_max_len, write_generated, ws_stages)
+                            paged_logits_kernel, portable_kernel, render, small_tuning, small_work_max_len, write_generated, ws_stages)
 
 from conftest import REPO, SPECS
 
@@ -423,6 +423,8 @@ def test_portable_tuning(shipped):
     assert render(fp8, {"mma_widen": True})["paged_logits.cu"].count("mma_widen(") > 0
     with pytest.raises(ValueError, match="tuning mma_widen=1: must be true or false"):
         render(fp8, {"mma_widen": 1})
+    with pytest.raises(ValueError, match="tuning mma_widen=1: must be true or false"):
+        portable_kernel(fp8, 1, {"portable": "simt", "mma_widen": 1})
 
 
 def test_paged_logits_kernel_choice(shipped):
