@@ -132,10 +132,15 @@ def mma_widens(spec: Spec, tuning: dict[str, Any] | None = None) -> bool:
     """Whether ``paged_logits_mma`` widens e4m3 keys and q to f16 once and scores them with f16
     m16n8k16 MMAs (tuning ``mma_widen`` on an e4m3 layout) rather than issuing e4m3 m16n8k32
     ``mma.sync``. ValueError where ``mma_widen`` is not a bool."""
-    v = effective_tuning(spec, tuning)["mma_widen"]
+    return _mma_widen(effective_tuning(spec, tuning)) and spec.key_dtype == "e4m3"
+
+
+def _mma_widen(tune: dict[str, Any]) -> bool:
+    """The tuning ``mma_widen`` (a bool); ValueError otherwise."""
+    v = tune["mma_widen"]
     if not isinstance(v, bool):
         raise ValueError(f"tuning mma_widen={v!r}: must be true or false")
-    return v and spec.key_dtype == "e4m3"
+    return v
 
 
 def portable_kernel(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> str:
@@ -143,9 +148,10 @@ def portable_kernel(spec: Spec, next_n: int, tuning: dict[str, Any] | None = Non
     ``"mma"`` under tuning ``portable`` "mma" (the default) where :func:`mma_applies` and a
     request's q fits in ``MAX_SMEM_BYTES``, else ``"simt"``. ValueError for an invalid
     ``portable`` or ``mma_widen``."""
-    mma_widens(spec, tuning)   # ValueError for a non-bool mma_widen, whichever kernel runs
-    if (_portable(effective_tuning(spec, tuning)) == "mma" and mma_applies(spec)
-            and mma_smem_bytes(spec, next_n, tuning) <= MAX_SMEM_BYTES):
+    tune = effective_tuning(spec, tuning)
+    _mma_widen(tune)   # ValueError for a non-bool mma_widen, whichever kernel runs
+    if (_portable(tune) == "mma" and mma_applies(spec)
+            and mma_smem_bytes(spec, next_n, tune) <= MAX_SMEM_BYTES):
         return "mma"
     return "simt"
 
@@ -580,8 +586,7 @@ def _check_counts(tune: dict[str, Any]) -> None:
     _kv_evict_first(tune)
     _store_prefetch(tune)
     _portable(tune)
-    if not isinstance(tune["mma_widen"], bool):
-        raise ValueError(f"tuning mma_widen={tune['mma_widen']!r}: must be true or false")
+    _mma_widen(tune)
     _loop(tune)
     _lean_loop(tune)
 
@@ -841,7 +846,7 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "e2m1_mma": uses_e2m1_mma(spec) and tune["kernel"] in ("ws", "wgmma"),
         "portable_mma": _portable(tune) == "mma" and mma_applies(spec),
         "mma_smem": {nn: mma_smem_bytes(spec, nn, tune) for nn in spec.next_n},
-        "mma_widen": bool(tune["mma_widen"]) and spec.key_dtype == "e4m3",
+        "mma_widen": mma_widens(spec, tune),
         "e2m1_q_slots": {nn: e2m1_q_slots(spec, nn) for nn in spec.next_n},
         "e2m1_max_rows": E2M1_MAX_ROWS,
         "e2m1_smem": {nn: e2m1_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},
