@@ -125,14 +125,22 @@ def mma_smem_bytes(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None
     paged_logits.cu): a request's ``next_n * num_heads`` q rows in B-fragment order (twice their
     bytes where tuning ``mma_widen`` widens e4m3 q to f16) and their fp32 weights."""
     widen = 2 if mma_widens(spec, tuning) else 1
+    return _mma_q_bytes(spec, next_n, widen)
+
+
+def _mma_q_bytes(spec: Spec, next_n: int, widen: int) -> int:
+    """Bytes of one request's q rows (``widen`` times their stored width) and fp32 weights."""
     return next_n * spec.num_heads * (spec.key_bytes_per_token * widen + 4)
 
 
 def mma_widens(spec: Spec, tuning: dict[str, Any] | None = None) -> bool:
     """Whether ``paged_logits_mma`` widens e4m3 keys and q to f16 once and scores them with f16
-    m16n8k16 MMAs (tuning ``mma_widen`` on an e4m3 layout) rather than issuing e4m3 m16n8k32
-    ``mma.sync``. ValueError where ``mma_widen`` is not a bool."""
-    return _mma_widen(effective_tuning(spec, tuning)) and spec.key_dtype == "e4m3"
+    m16n8k16 MMAs rather than issuing e4m3 m16n8k32 ``mma.sync``: tuning ``mma_widen`` (the
+    default) on an e4m3 layout whose widened q of the largest ``next_n`` fits in
+    ``MAX_SMEM_BYTES`` (elsewhere the unwidened form keeps the layout on the mma kernel).
+    ValueError where ``mma_widen`` is not a bool."""
+    return (_mma_widen(effective_tuning(spec, tuning)) and spec.key_dtype == "e4m3"
+            and _mma_q_bytes(spec, max(spec.next_n), 2) <= MAX_SMEM_BYTES)
 
 
 def _mma_widen(tune: dict[str, Any]) -> bool:
@@ -500,15 +508,16 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     than the CUDA-core kernel (14-30 % of copy bandwidth for fp8 keys, 30-67 % for bf16 keys);
     ``{"kernel": "simt"}`` runs the portable path on the H200. sm_100a, where it is the only
     tensor-core kernel, has not been run (no Blackwell GPU is lent).
-    ``mma_widen`` (default False; not yet run on a GPU): ``paged_logits_mma`` on e4m3 keys widens
-    each key word and q to f16 once (exact) and issues f16 m16n8k16 MMAs. sm_90a and sm_100a have
-    no warp-level fp8 MMA: ptxas lowers each e4m3 m16n8k32 ``mma.sync`` to two f16 HMMAs that
-    convert both operands again (144 F2FP conversions to 32 HMMAs in the next_n 1 kernel's SASS
-    for sm_90a and sm_100a, nvcc 13.0), where the widened form converts each key once (64 to
-    16 HMMAs per 8 heads, 0.5 per HMMA across the 8 head tiles). Written in the thirty-sixth
-    session after the device stopped being lent: it compiles without spills for both targets, but
-    its speed and correctness on a GPU are unknown (``benchmarks/gpu_run.sh mma`` with
-    ``MMA_TUNINGS`` times it, ``tests/test_gpu.py::test_portable_kernels_verify`` verifies it).
+    ``mma_widen`` (default True): ``paged_logits_mma`` on e4m3 keys widens each key word and q to
+    f16 once (exact) and issues f16 m16n8k16 MMAs, where the widened q (twice the bytes) of the
+    largest ``next_n`` fits in shared memory. sm_90a and sm_100a have no warp-level fp8 MMA: ptxas
+    lowers each e4m3 m16n8k32 ``mma.sync`` to two f16 HMMAs that convert both operands again (144
+    F2FP conversions to 32 HMMAs in the next_n 1 kernel's SASS for sm_90a and sm_100a, nvcc 13.0),
+    where the widened form converts each key once (64 to 16 HMMAs per 8 heads, 0.5 per HMMA
+    across the 8 head tiles). On an H100 (2026-12-05, ``benchmarks/RESULTS.md``, thirty-seventh
+    session) it passed the full CUDA verification sweep on the four shipped e4m3 layouts and was
+    1.21-1.44x faster than the unwidened kernel (H=64, D=128, B 32/128, ctx 8192/32768, next_n
+    1/2; two runs). ``False`` keeps the e4m3 m16n8k32 form. sm_100a has not run either form.
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
@@ -550,9 +559,9 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             # verified on the H200 (thirty-sixth session: the full CUDA sweep on the six shipped
             # layouts it applies to) and 14-28x faster there than the CUDA-core kernel
             "portable": "mma",
-            # written without a GPU (thirty-sixth session, the device no longer lent): off until
-            # it is verified and timed on one
-            "mma_widen": False}
+            # verified on an H100 (thirty-seventh session: the full CUDA sweep on the four shipped
+            # e4m3 layouts) and 1.21-1.44x faster there than the unwidened e4m3 mma kernel
+            "mma_widen": True}
 
 
 def _store_prefetch(tune: dict[str, Any]) -> bool:

@@ -1,6 +1,7 @@
 """generated/<name>/ must be exactly what the templates render for each shipped spec."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 
@@ -402,7 +403,7 @@ def test_unknown_tuning_keys_and_kernels_are_refused(shipped):
 def test_portable_tuning(shipped):
     """Tuning ``portable``: "mma" (the default) or "simt"; the mma kernel is rendered only under
     "mma" and only where :func:`mma_applies` (every shipped layout but FP4)."""
-    from dsagen.codegen import mma_applies, mma_smem_bytes
+    from dsagen.codegen import mma_applies, mma_smem_bytes, mma_widens
     assert {n for n, s in shipped.items() if not mma_applies(s)} == {"fp4_e2m1_page64"}
     for bad in ("wgmma", "", None, True):
         with pytest.raises(ValueError, match="tuning portable=.*'simt' or 'mma'"):
@@ -415,12 +416,25 @@ def test_portable_tuning(shipped):
         assert ("paged_logits_mma<NEXT_N><<<" in plain) == mma_applies(spec), name
     # q rows in B-fragment order (widened to f16 under mma_widen) plus fp32 weights
     fp8, bf16 = shipped["fp8_e4m3_page64"], shipped["bf16_page64"]
-    assert mma_smem_bytes(fp8, 2) == 2 * 64 * (128 + 4)
     assert mma_smem_bytes(fp8, 2, {"mma_widen": True}) == 2 * 64 * (2 * 128 + 4)
     assert mma_smem_bytes(bf16, 2, {"mma_widen": True}) == 2 * 64 * (256 + 4)
-    # mma_widen: off by default, a bool, and only e4m3 keys change
+    # mma_widen: on by default, a bool, only e4m3 keys change, and only where the widened q of
+    # the largest next_n fits in shared memory (else the unwidened form keeps the mma kernel)
+    assert mma_smem_bytes(fp8, 2) == 2 * 64 * (2 * 128 + 4)
+    assert mma_smem_bytes(fp8, 2, {"mma_widen": False}) == 2 * 64 * (128 + 4)
     assert render(bf16, {"mma_widen": True})["paged_logits.cu"].count("mma_widen(") == 0
-    assert render(fp8, {"mma_widen": True})["paged_logits.cu"].count("mma_widen(") > 0
+    def code(spec, tuning=None):   # paged_logits.cu less its namespace (named by the tuning)
+        src = render(spec, tuning)["paged_logits.cu"]
+        return src.replace(namespace(spec, effective_tuning(spec, tuning)), "NS")
+    assert code(bf16) == code(bf16, {"mma_widen": False})
+    assert render(fp8)["paged_logits.cu"] == render(fp8, {"mma_widen": True})["paged_logits.cu"]
+    assert render(fp8, {"mma_widen": False})["paged_logits.cu"].count("mma_widen(") == 0
+    assert render(fp8)["paged_logits.cu"].count("mma_widen(") > 0
+    # next_n 16: the widened q (266,240 B) would not fit in 227 KB, the stored one (135,168 B) does
+    big = dataclasses.replace(fp8, next_n=(1, 16))
+    assert mma_widens(fp8) and not mma_widens(big) and not mma_widens(bf16)
+    assert mma_smem_bytes(big, 16) == 16 * 64 * (128 + 4)
+    assert portable_kernel(big, 16) == "mma"
     with pytest.raises(ValueError, match="tuning mma_widen=1: must be true or false"):
         render(fp8, {"mma_widen": 1})
     with pytest.raises(ValueError, match="tuning mma_widen=1: must be true or false"):

@@ -121,10 +121,10 @@ def test_store_prefetch_tuning_equals_cpu_store(shipped, gen, repro):
 
 # the portable path (what sm_100a and every device but sm_90 run), forced on an sm_90 device by
 # ``kernel`` "simt": its tensor-core kernel ``paged_logits_mma`` (tuning ``portable`` "mma", the
-# default), its ``mma_widen`` form (e4m3 keys and q widened to f16 once, f16 MMAs; off by
-# default, not yet run on a GPU when written) and the CUDA-core kernel (``portable`` "simt", also
-# the mma kernel's fallback)
-PORTABLE_TUNINGS = {"mma": {"kernel": "simt", "portable": "mma"},
+# default) in its e4m3 m16n8k32 form (``mma_widen`` false), in its default ``mma_widen`` form
+# (e4m3 keys and q widened to f16 once, f16 MMAs) and the CUDA-core kernel (``portable`` "simt",
+# also the mma kernel's fallback)
+PORTABLE_TUNINGS = {"mma": {"kernel": "simt", "portable": "mma", "mma_widen": False},
                     "mma_widen": {"kernel": "simt", "portable": "mma", "mma_widen": True},
                     "simt": {"kernel": "simt", "portable": "simt"}}
 

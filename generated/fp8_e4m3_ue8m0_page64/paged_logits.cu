@@ -190,10 +190,17 @@ paged_logits_simt(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache
 constexpr int kMmaSteps = kRowBytes / 32;                              // K steps of 32 bytes
 constexpr int kMmaWords = kRowBytes >= 64 ? 4 : 2;                     // words per lane per row chunk
 constexpr int kMmaRowWords = kRowBytes / 16;                           // words per lane per row
-constexpr int kMmaRegWords = 1;                                        // A registers per key word
+// tuning `mma_widen` (e4m3 keys): keys and q widened once to f16 (exact) and scored by f16
+// m16n8k16 MMAs. sm_90a and sm_100a have no warp-level fp8 MMA: ptxas lowers an e4m3 mma.sync
+// to f16 HMMAs that convert both operands again at every MMA. Widened, keys take two registers
+// per word and q twice the shared memory.
+constexpr int kMmaRegWords = 2;                                        // A registers per key word
 constexpr int kMmaMTRaw = 16 / (kMmaSteps * kMmaRegWords);             // A registers <= 64 per lane
 constexpr int kMmaMT = kMmaMTRaw < 1 ? 1 : kMmaMTRaw > 4 ? 4 : kMmaMTRaw;  // 16-key tiles per warp step
-constexpr int kMmaIters = 2;                                           // warp steps per CTA
+// where widening halves the tiles per warp step, more steps keep a CTA's keys (and so its q
+// staging and widening, paid once per CTA) at the unwidened kernel's
+constexpr int kMmaMTNarrow = 16 / kMmaSteps < 1 ? 1 : 16 / kMmaSteps > 4 ? 4 : 16 / kMmaSteps;
+constexpr int kMmaIters = 2 * kMmaMTNarrow / kMmaMT;                   // warp steps per CTA
 constexpr int kMmaWarpTokens = 16 * kMmaMT;
 constexpr int kMmaCtaTokens = 4 * kMmaWarpTokens * kMmaIters;
 // 16-byte key loads where every key row is 16-byte aligned, else 4-byte ones
@@ -208,19 +215,26 @@ __device__ __forceinline__ constexpr int mma_word(int s, int t) {
 
 __device__ __forceinline__ void mma_16x8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Two f16x2 registers from a word of four e4m3 bytes: bytes 0-1 (lo) and 2-3 (hi), each byte in the
+// half of the same significance (exact: every e4m3 value is an f16 value).
+__device__ __forceinline__ uint2 mma_widen(uint32_t w) {
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+  return make_uint2(uint32_t(lo.x) | (uint32_t(lo.y) << 16), uint32_t(hi.x) | (uint32_t(hi.y) << 16));
+}
 
 template <int NEXT_N>
 constexpr int mma_smem_bytes() {
   return NEXT_N * kNumHeads * (kRowBytes * kMmaRegWords + 4);          // q in B-fragment order, weights
 }
 // the host side (dsagen.codegen.portable_kernel) picks the kernel with the same figures
-static_assert(mma_smem_bytes<1>() == 8448, "dsagen.codegen.mma_smem_bytes disagrees");
-static_assert(mma_smem_bytes<2>() == 16896, "dsagen.codegen.mma_smem_bytes disagrees");
+static_assert(mma_smem_bytes<1>() == 16640, "dsagen.codegen.mma_smem_bytes disagrees");
+static_assert(mma_smem_bytes<2>() == 33280, "dsagen.codegen.mma_smem_bytes disagrees");
 
 // (128, 1): without the second bound ptxas kept some instantiations at 128 registers and spilled
 template <int NEXT_N>
@@ -232,8 +246,10 @@ paged_logits_mma(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache,
   constexpr int N = NEXT_N * kNumHeads;
   constexpr int kNT = kNumHeads / 8;                                   // 8-head column tiles per position
   extern __shared__ __align__(16) uint8_t mma_smem[];
-  uint2* sb = reinterpret_cast<uint2*>(mma_smem);                      // [N / 8][kMmaSteps][32 lanes]
-  float* sw = reinterpret_cast<float*>(mma_smem + N * kRowBytes);      // [N]
+  // [N / 8][kMmaSteps][32 lanes] widened B fragments {lo(b0), lo(b1), hi(b0), hi(b1)}: the f16
+  // fragments of the e4m3 step's two k16 halves
+  uint4* sb = reinterpret_cast<uint4*>(mma_smem);
+  float* sw = reinterpret_cast<float*>(mma_smem + N * kRowBytes * 2);  // [N]
   const int b = blockIdx.y;
   const int64_t c0 = int64_t(blockIdx.x) * kMmaCtaTokens;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -244,7 +260,8 @@ paged_logits_mma(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache,
       const int l = e & 31, s = (e >> 5) % kMmaSteps, nt = (e >> 5) / kMmaSteps;
       const uint32_t* row = q32 + (nt * 8 + (l >> 2)) * (kRowBytes / 4);
       const int w = mma_word(s, l & 3);
-      sb[e] = make_uint2(__ldg(row + w), __ldg(row + w + 1));
+      const uint2 x = mma_widen(__ldg(row + w)), y = mma_widen(__ldg(row + w + 1));
+      sb[e] = make_uint4(x.x, y.x, x.y, y.y);
     }
     for (int n = tid; n < N; n += 128) sw[n] = __ldg(weights + int64_t(b) * N + n);
   }
@@ -292,6 +309,18 @@ paged_logits_mma(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache,
           for (int w = 0; w < kMmaRowWords; ++w) a[m][h][w] = 0u;
         }
       }
+    // each word widened once into f16x2 registers 2w (bytes 0-1) and 2w+1 (bytes 2-3)
+    uint32_t af[kMmaMT][2][2 * kMmaRowWords];
+#pragma unroll
+    for (int m = 0; m < kMmaMT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int w = 0; w < kMmaRowWords; ++w) {
+          const uint2 x = mma_widen(a[m][h][w]);
+          af[m][h][2 * w] = x.x;
+          af[m][h][2 * w + 1] = x.y;
+        }
     // part[m][i][h]: this lane's share of sum_h w * relu(q . k) of row g (h = 0) / g+8 (h = 1)
     float part[kMmaMT][NEXT_N][2];
 #pragma unroll
@@ -306,12 +335,16 @@ paged_logits_mma(const QT* __restrict__ q, const uint8_t* __restrict__ kv_cache,
         for (int m = 0; m < kMmaMT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
 #pragma unroll
         for (int s = 0; s < kMmaSteps; ++s) {
-          const uint2 bf = sb[(col * kMmaSteps + s) * 32 + lane];
+          const uint4 bf = sb[(col * kMmaSteps + s) * 32 + lane];
           constexpr int kHalf = kMmaWords / 2;
           const int w = (s / kHalf) * kMmaWords + (s % kHalf) * 2;      // mma_word(s, t) - t * kMmaWords
+          // the e4m3 step's k32 = two f16 k16 steps: the low byte pairs of words w, w+1, then the high
+          const int u = 2 * w, v = 2 * w + 2;
 #pragma unroll
-          for (int m = 0; m < kMmaMT; ++m)
-            mma_16x8(acc[m], a[m][0][w], a[m][1][w], a[m][0][w + 1], a[m][1][w + 1], bf.x, bf.y);
+          for (int m = 0; m < kMmaMT; ++m) {
+            mma_16x8(acc[m], af[m][0][u], af[m][1][u], af[m][0][v], af[m][1][v], bf.x, bf.y);
+            mma_16x8(acc[m], af[m][0][u + 1], af[m][1][u + 1], af[m][0][v + 1], af[m][1][v + 1], bf.z, bf.w);
+          }
         }
         const float2 wt = *reinterpret_cast<const float2*>(sw + col * 8 + 2 * t);
 #pragma unroll
