@@ -516,7 +516,7 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     where the widened form converts each key once (64 to 16 HMMAs per 8 heads, 0.5 per HMMA
     across the 8 head tiles). On an H100 (2026-12-05, ``benchmarks/RESULTS.md``, thirty-seventh
     session) it passed the full CUDA verification sweep on the four shipped e4m3 layouts and was
-    1.21-1.44x faster than the unwidened kernel (H=64, D=128, B 32/128, ctx 8192/32768, next_n
+    1.21-1.45x faster than the unwidened kernel (H=64, D=128, B 32/128, ctx 8192/32768, next_n
     1/2; two runs). ``False`` keeps the e4m3 m16n8k32 form. sm_100a has not run either form.
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
@@ -560,7 +560,7 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             # layouts it applies to) and 14-28x faster there than the CUDA-core kernel
             "portable": "mma",
             # verified on an H100 (thirty-seventh session: the full CUDA sweep on the four shipped
-            # e4m3 layouts) and 1.21-1.44x faster there than the unwidened e4m3 mma kernel
+            # e4m3 layouts) and 1.21-1.45x faster there than the unwidened e4m3 mma kernel
             "mma_widen": True}
 
 

@@ -1,7 +1,6 @@
 """generated/<name>/ must be exactly what the templates render for each shipped spec."""
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 
@@ -10,6 +9,7 @@ import pytest
 import dsagen
 from dsagen.codegen import (CPU_SOURCES, CUDA_SOURCES, GENERATED_DIR, HEADERS, default_tuning, effective_tuning, namespace,
                             paged_logits_kernel, portable_kernel, render, small_tuning, small_work_max_len, write_generated, ws_stages)
+from dsagen.spec import Spec
 
 from conftest import REPO, SPECS
 
@@ -430,11 +430,20 @@ def test_portable_tuning(shipped):
     assert render(fp8)["paged_logits.cu"] == render(fp8, {"mma_widen": True})["paged_logits.cu"]
     assert render(fp8, {"mma_widen": False})["paged_logits.cu"].count("mma_widen(") == 0
     assert render(fp8)["paged_logits.cu"].count("mma_widen(") > 0
-    # next_n 16: the widened q (266,240 B) would not fit in 227 KB, the stored one (135,168 B) does
-    big = dataclasses.replace(fp8, next_n=(1, 16))
+    # 128 heads of head_dim 256 at next_n 4: the widened q (264,192 B) would not fit in 227 KB,
+    # the stored one (133,120 B) does, so the e4m3 form renders (m16n8k32, no widening)
+    big = Spec.from_dict({"name": "fp8_d256_h128", "description": "widening refused",
+                          "head_dim": 256, "page_size": 64, "key": {"dtype": "e4m3"},
+                          "scale": {"dtype": "fp32", "rounding": "none", "block": 256,
+                                    "placement": "page_tail"},
+                          "logits": {"num_heads": 128, "next_n": [1, 4]},
+                          "targets": ["sm_90a", "sm_100a"]})
     assert mma_widens(fp8) and not mma_widens(big) and not mma_widens(bf16)
-    assert mma_smem_bytes(big, 16) == 16 * 64 * (128 + 4)
-    assert portable_kernel(big, 16) == "mma"
+    assert mma_smem_bytes(big, 4) == 4 * 128 * (256 + 4)
+    assert all(portable_kernel(big, nn) == "mma" for nn in (1, 4))
+    src = code(big)
+    assert src == code(big, {"mma_widen": False}) == code(big, {"mma_widen": True})
+    assert "mma_widen(" not in src and "m16n8k32" in src
     with pytest.raises(ValueError, match="tuning mma_widen=1: must be true or false"):
         render(fp8, {"mma_widen": 1})
     with pytest.raises(ValueError, match="tuning mma_widen=1: must be true or false"):

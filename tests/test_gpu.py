@@ -137,7 +137,7 @@ def test_portable_kernels_verify(dsagen_spec, seed, repro, portable):
     of the sweep ran the kernel named (the launch's choice, as
     :func:`dsagen.codegen.paged_logits_kernel` reports it)."""
     import dsagen
-    from dsagen.codegen import mma_applies, paged_logits_kernel
+    from dsagen.codegen import mma_applies, mma_widens, paged_logits_kernel
     from dsagen.ops import cuda_archs
     spec, tuning = dsagen_spec, PORTABLE_TUNINGS[portable]
     if portable != "simt" and not mma_applies(spec):
@@ -150,6 +150,8 @@ def test_portable_kernels_verify(dsagen_spec, seed, repro, portable):
     for nn in spec.next_n:
         assert paged_logits_kernel(spec, nn, 64, 4096, props.multi_processor_count, props.major,
                                    tuning) == portable.split("_")[0], nn
+    if portable != "simt":   # the mma kernel's form named is the one rendered
+        assert mma_widens(spec, tuning) == (portable == "mma_widen")
     ops = dsagen.load(spec, tuning=tuning, with_cuda=True)
     assert ops.has_cuda
     rep = verify(spec, ops, "cuda", seed=seed, quick=portable == "simt", reruns=3)
