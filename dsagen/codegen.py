@@ -145,10 +145,23 @@ def mma_widens(spec: Spec, tuning: dict[str, Any] | None = None) -> bool:
 
 def _mma_widen(tune: dict[str, Any]) -> bool:
     """The tuning ``mma_widen`` (a bool); ValueError otherwise."""
-    v = tune["mma_widen"]
+    return _bool_tuning(tune, "mma_widen")
+
+
+def _bool_tuning(tune: dict[str, Any], key: str) -> bool:
+    """The bool tuning ``key``; ValueError naming it otherwise."""
+    v = tune[key]
     if not isinstance(v, bool):
-        raise ValueError(f"tuning mma_widen={v!r}: must be true or false")
+        raise ValueError(f"tuning {key}={v!r}: must be true or false")
     return v
+
+
+def mma_prefetches(spec: Spec, tuning: dict[str, Any] | None = None) -> bool:
+    """Whether ``paged_logits_mma`` loads each warp step's keys one step ahead (tuning
+    ``mma_prefetch``): only in its widened form (:func:`mma_widens`), whose raw key registers are
+    dead once widened and so hold the next step's keys during this one's MMAs. ValueError where
+    ``mma_prefetch`` is not a bool."""
+    return _bool_tuning(effective_tuning(spec, tuning), "mma_prefetch") and mma_widens(spec, tuning)
 
 
 def portable_kernel(spec: Spec, next_n: int, tuning: dict[str, Any] | None = None) -> str:
@@ -518,6 +531,10 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     session) it passed the full CUDA verification sweep on the four shipped e4m3 layouts and was
     1.21-1.45x faster than the unwidened kernel (H=64, D=128, B 32/128, ctx 8192/32768, next_n
     1/2; two runs). ``False`` keeps the e4m3 m16n8k32 form. sm_100a has not run either form.
+    ``mma_prefetch`` (default False; written without a GPU, never run): the widened
+    ``paged_logits_mma`` issues each warp step's key loads one step ahead, into the raw key
+    registers that widening has just freed, so they are in flight during the step's MMAs (and
+    the first step's while q is staged) instead of after them. No effect elsewhere.
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """
@@ -561,7 +578,10 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "portable": "mma",
             # verified on an H100 (thirty-seventh session: the full CUDA sweep on the four shipped
             # e4m3 layouts) and 1.21-1.45x faster there than the unwidened e4m3 mma kernel
-            "mma_widen": True}
+            "mma_widen": True,
+            # written without a GPU (thirty-seventh session, after the device time was spent):
+            # off until it is verified and timed on one
+            "mma_prefetch": False}
 
 
 def _store_prefetch(tune: dict[str, Any]) -> bool:
@@ -596,6 +616,7 @@ def _check_counts(tune: dict[str, Any]) -> None:
     _store_prefetch(tune)
     _portable(tune)
     _mma_widen(tune)
+    _bool_tuning(tune, "mma_prefetch")
     _loop(tune)
     _lean_loop(tune)
 
@@ -856,6 +877,7 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "portable_mma": _portable(tune) == "mma" and mma_applies(spec),
         "mma_smem": {nn: mma_smem_bytes(spec, nn, tune) for nn in spec.next_n},
         "mma_widen": mma_widens(spec, tune),
+        "mma_prefetch": mma_prefetches(spec, tune),
         "e2m1_q_slots": {nn: e2m1_q_slots(spec, nn) for nn in spec.next_n},
         "e2m1_max_rows": E2M1_MAX_ROWS,
         "e2m1_smem": {nn: e2m1_smem_bytes(spec, nn, int(tune["stages"])) for nn in spec.next_n},

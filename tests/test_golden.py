@@ -403,7 +403,7 @@ def test_unknown_tuning_keys_and_kernels_are_refused(shipped):
 def test_portable_tuning(shipped):
     """Tuning ``portable``: "mma" (the default) or "simt"; the mma kernel is rendered only under
     "mma" and only where :func:`mma_applies` (every shipped layout but FP4)."""
-    from dsagen.codegen import mma_applies, mma_smem_bytes, mma_widens
+    from dsagen.codegen import mma_applies, mma_prefetches, mma_smem_bytes, mma_widens
     assert {n for n, s in shipped.items() if not mma_applies(s)} == {"fp4_e2m1_page64"}
     for bad in ("wgmma", "", None, True):
         with pytest.raises(ValueError, match="tuning portable=.*'simt' or 'mma'"):
@@ -425,7 +425,7 @@ def test_portable_tuning(shipped):
     assert render(bf16, {"mma_widen": True})["paged_logits.cu"].count("mma_widen(") == 0
     def code(spec, tuning=None):   # paged_logits.cu less its namespace (named by the tuning)
         src = render(spec, tuning)["paged_logits.cu"]
-        return src.replace(namespace(spec, effective_tuning(spec, tuning)), "NS")
+        return src.replace(namespace(spec, tuning), "NS")
     assert code(bf16) == code(bf16, {"mma_widen": False})
     assert render(fp8)["paged_logits.cu"] == render(fp8, {"mma_widen": True})["paged_logits.cu"]
     assert render(fp8, {"mma_widen": False})["paged_logits.cu"].count("mma_widen(") == 0
@@ -448,6 +448,17 @@ def test_portable_tuning(shipped):
         render(fp8, {"mma_widen": 1})
     with pytest.raises(ValueError, match="tuning mma_widen=1: must be true or false"):
         portable_kernel(fp8, 1, {"portable": "simt", "mma_widen": 1})
+    # mma_prefetch: off by default, a bool, and only in the widened form
+    assert not mma_prefetches(fp8) and mma_prefetches(fp8, {"mma_prefetch": True})
+    assert not mma_prefetches(fp8, {"mma_prefetch": True, "mma_widen": False})
+    assert not mma_prefetches(bf16, {"mma_prefetch": True}) and not mma_prefetches(big, {"mma_prefetch": True})
+    assert code(bf16, {"mma_prefetch": True}) == code(bf16)
+    assert code(fp8, {"mma_prefetch": True, "mma_widen": False}) == code(fp8, {"mma_widen": False})
+    ahead = render(fp8, {"mma_prefetch": True})["paged_logits.cu"]
+    assert "load_keys" not in ahead and ahead.count("if (it + 1 < kMmaIters) {") == 1
+    assert ahead.count("__ldg(bt + j / kPageSize)") == render(fp8)["paged_logits.cu"].count("__ldg(bt + j / kPageSize)") + 1
+    with pytest.raises(ValueError, match="tuning mma_prefetch='yes': must be true or false"):
+        render(fp8, {"mma_prefetch": "yes"})
 
 
 def test_paged_logits_kernel_choice(shipped):

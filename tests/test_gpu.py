@@ -122,14 +122,17 @@ def test_store_prefetch_tuning_equals_cpu_store(shipped, gen, repro):
 # the portable path (what sm_100a and every device but sm_90 run), forced on an sm_90 device by
 # ``kernel`` "simt": its tensor-core kernel ``paged_logits_mma`` (tuning ``portable`` "mma", the
 # default) in its e4m3 m16n8k32 form (``mma_widen`` false), in its default ``mma_widen`` form
-# (e4m3 keys and q widened to f16 once, f16 MMAs) and the CUDA-core kernel (``portable`` "simt",
-# also the mma kernel's fallback)
+# (e4m3 keys and q widened to f16 once, f16 MMAs), that form with its keys loaded a warp step
+# ahead (``mma_prefetch``, off by default) and the CUDA-core kernel (``portable`` "simt", also
+# the mma kernel's fallback)
 PORTABLE_TUNINGS = {"mma": {"kernel": "simt", "portable": "mma", "mma_widen": False},
                     "mma_widen": {"kernel": "simt", "portable": "mma", "mma_widen": True},
+                    "mma_prefetch": {"kernel": "simt", "portable": "mma", "mma_widen": True,
+                                     "mma_prefetch": True},
                     "simt": {"kernel": "simt", "portable": "simt"}}
 
 
-@pytest.mark.parametrize("portable", ["mma", "mma_widen", "simt"])
+@pytest.mark.parametrize("portable", ["mma", "mma_widen", "mma_prefetch", "simt"])
 def test_portable_kernels_verify(dsagen_spec, seed, repro, portable):
     """The portable path's kernels pass the CUDA verification sweep (fresh random inputs,
     NaN-poisoned outputs, float64 reference; the full sweep for ``paged_logits_mma``, the quick
@@ -137,13 +140,13 @@ def test_portable_kernels_verify(dsagen_spec, seed, repro, portable):
     of the sweep ran the kernel named (the launch's choice, as
     :func:`dsagen.codegen.paged_logits_kernel` reports it)."""
     import dsagen
-    from dsagen.codegen import mma_applies, mma_widens, paged_logits_kernel
+    from dsagen.codegen import mma_applies, mma_prefetches, mma_widens, paged_logits_kernel
     from dsagen.ops import cuda_archs
     spec, tuning = dsagen_spec, PORTABLE_TUNINGS[portable]
     if portable != "simt" and not mma_applies(spec):
         pytest.skip("paged_logits_mma does not apply to this layout (block scales or e2m1 keys)")
-    if portable == "mma_widen" and spec.key_dtype != "e4m3":
-        pytest.skip("mma_widen changes e4m3 keys only")
+    if portable in ("mma_widen", "mma_prefetch") and spec.key_dtype != "e4m3":
+        pytest.skip(f"{portable} changes e4m3 keys only")
     if not cuda_archs(spec):
         pytest.skip("the device matches none of the spec's targets")
     props = torch.cuda.get_device_properties(0)
@@ -151,7 +154,8 @@ def test_portable_kernels_verify(dsagen_spec, seed, repro, portable):
         assert paged_logits_kernel(spec, nn, 64, 4096, props.multi_processor_count, props.major,
                                    tuning) == portable.split("_")[0], nn
     if portable != "simt":   # the mma kernel's form named is the one rendered
-        assert mma_widens(spec, tuning) == (portable == "mma_widen")
+        assert mma_widens(spec, tuning) == (portable != "mma")
+        assert mma_prefetches(spec, tuning) == (portable == "mma_prefetch")
     ops = dsagen.load(spec, tuning=tuning, with_cuda=True)
     assert ops.has_cuda
     rep = verify(spec, ops, "cuda", seed=seed, quick=portable == "simt", reruns=3)

@@ -79,12 +79,13 @@ _MMA_SPECS = {
 }
 
 
-@pytest.mark.parametrize("widen", [False, True], ids=["mma", "mma_widen"])
+@pytest.mark.parametrize("form", ["mma", "mma_widen", "mma_prefetch"])
 @pytest.mark.parametrize("name", sorted(_MMA_SPECS))
-def test_nvcc_compiles_portable_mma(name, widen, nvcc, tmp_path, monkeypatch):
+def test_nvcc_compiles_portable_mma(name, form, nvcc, tmp_path, monkeypatch):
     """The portable tensor-core kernel (the default portable kernel) compiles for sm_90a and
-    sm_100a without spilling, also in its ``mma_widen`` form on e4m3 keys (f16 MMAs on keys and
-    q widened once); tuning ``portable`` "simt" leaves it out."""
+    sm_100a without spilling, in its e4m3 m16n8k32 form, its ``mma_widen`` form on e4m3 keys
+    (f16 MMAs on keys and q widened once, the default) and that form with ``mma_prefetch`` (keys
+    loaded a warp step ahead); tuning ``portable`` "simt" leaves it out."""
     import re
     import dsagen
     from conftest import SPECS, VARIANTS
@@ -94,11 +95,13 @@ def test_nvcc_compiles_portable_mma(name, widen, nvcc, tmp_path, monkeypatch):
     spec = (dsagen.load_spec(SPECS[name]) if v is None else
             Spec.from_dict(VARIANTS[v] if isinstance(v, str) else v, source=f"<{name}>"))
     assert mma_applies(spec)
+    widen = form != "mma"
     if widen and spec.key_dtype != "e4m3":
-        pytest.skip("mma_widen: e4m3 keys only")
+        pytest.skip(f"{form}: e4m3 keys only")
     assert "paged_logits_mma" not in render(spec, {"portable": "simt"})["paged_logits.cu"]
     monkeypatch.setenv("DSAGEN_NVCC_FLAGS", "-Xptxas -v")         # ptxas reports each kernel
-    src = render(spec, {"kernel": "simt", "mma_widen": widen})
+    src = render(spec, {"kernel": "simt", "mma_widen": widen, "mma_prefetch": form == "mma_prefetch"})
+    assert ("if (it + 1 < kMmaIters) {" in src["paged_logits.cu"]) == (form == "mma_prefetch")
     assert ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3" in src["paged_logits.cu"]) == (
         spec.key_dtype == "e4m3" and not widen)
     results = nvcc_compile_only(src, ARCHS, workdir=tmp_path)
