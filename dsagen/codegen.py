@@ -168,9 +168,10 @@ def portable_kernel(spec: Spec, next_n: int, tuning: dict[str, Any] | None = Non
     """The kernel of the portable path at ``next_n`` (what runs where no sm_90a kernel does):
     ``"mma"`` under tuning ``portable`` "mma" (the default) where :func:`mma_applies` and a
     request's q fits in ``MAX_SMEM_BYTES``, else ``"simt"``. ValueError for an invalid
-    ``portable`` or ``mma_widen``."""
+    ``portable``, ``mma_widen`` or ``mma_prefetch``."""
     tune = effective_tuning(spec, tuning)
-    _mma_widen(tune)   # ValueError for a non-bool mma_widen, whichever kernel runs
+    _mma_widen(tune)   # ValueError for a non-bool mma_widen or mma_prefetch, whichever kernel runs
+    _bool_tuning(tune, "mma_prefetch")
     if (_portable(tune) == "mma" and mma_applies(spec)
             and mma_smem_bytes(spec, next_n, tune) <= MAX_SMEM_BYTES):
         return "mma"
@@ -530,11 +531,15 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     across the 8 head tiles). On an H100 (2026-12-05, ``benchmarks/RESULTS.md``, thirty-seventh
     session) it passed the full CUDA verification sweep on the four shipped e4m3 layouts and was
     1.21-1.45x faster than the unwidened kernel (H=64, D=128, B 32/128, ctx 8192/32768, next_n
-    1/2; two runs). ``False`` keeps the e4m3 m16n8k32 form. sm_100a has not run either form.
-    ``mma_prefetch`` (default False; written without a GPU, never run): the widened
-    ``paged_logits_mma`` issues each warp step's key loads one step ahead, into the raw key
-    registers that widening has just freed, so they are in flight during the step's MMAs (and
-    the first step's while q is staged) instead of after them. No effect elsewhere.
+    1/2; two runs; 1.20-1.46x in the thirty-eighth session's two), and it passed on separate
+    scales and at head_dim 32/64 with 16 heads, next_n 1-4. ``False`` keeps the e4m3
+    m16n8k32 form. sm_100a has not run either form.
+    ``mma_prefetch`` (default False): the widened ``paged_logits_mma`` issues each warp step's
+    key loads one step ahead, into the raw key registers that widening has just freed, so they
+    are in flight during the step's MMAs (and the first step's while q is staged) instead of
+    after them. No effect elsewhere. On an H100 (thirty-eighth session, two runs) it passed the
+    full CUDA verification sweep but was 1.12-1.46x slower than the default: at 138-142
+    registers 3 CTAs fit per SM instead of 4, which the earlier loads do not make up for.
     ``math: False`` (never a default) makes the ``ws`` kernel compute nothing: a benchmark probe
     of its data path alone, whose results are wrong by design.
     """

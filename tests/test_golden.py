@@ -459,6 +459,8 @@ def test_portable_tuning(shipped):
     assert ahead.count("__ldg(bt + j / kPageSize)") == render(fp8)["paged_logits.cu"].count("__ldg(bt + j / kPageSize)") + 1
     with pytest.raises(ValueError, match="tuning mma_prefetch='yes': must be true or false"):
         render(fp8, {"mma_prefetch": "yes"})
+    with pytest.raises(ValueError, match="tuning mma_prefetch='yes': must be true or false"):
+        portable_kernel(bf16, 1, {"portable": "simt", "mma_prefetch": "yes"})
 
 
 def test_paged_logits_kernel_choice(shipped):
