@@ -170,7 +170,8 @@ def portable_kernel(spec: Spec, next_n: int, tuning: dict[str, Any] | None = Non
     request's q fits in ``MAX_SMEM_BYTES``, else ``"simt"``. ValueError for an invalid
     ``portable``, ``mma_widen`` or ``mma_prefetch``."""
     tune = effective_tuning(spec, tuning)
-    _mma_widen(tune)   # ValueError for a non-bool mma_widen or mma_prefetch, whichever kernel runs
+    # ValueError for a non-bool mma_widen or mma_prefetch, whichever kernel runs
+    _mma_widen(tune)
     _bool_tuning(tune, "mma_prefetch")
     if (_portable(tune) == "mma" and mma_applies(spec)
             and mma_smem_bytes(spec, next_n, tune) <= MAX_SMEM_BYTES):
@@ -584,8 +585,8 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             # verified on an H100 (thirty-seventh session: the full CUDA sweep on the four shipped
             # e4m3 layouts) and 1.21-1.45x faster there than the unwidened e4m3 mma kernel
             "mma_widen": True,
-            # written without a GPU (thirty-seventh session, after the device time was spent):
-            # off until it is verified and timed on one
+            # verified on an H100 (thirty-eighth session) but 1.12-1.46x slower there than
+            # without it (3 CTAs per SM at 138-142 registers, against 4): off
             "mma_prefetch": False}
 
 
