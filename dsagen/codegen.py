@@ -532,7 +532,7 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
     across the 8 head tiles). On an H100 (2026-12-05, ``benchmarks/RESULTS.md``, thirty-seventh
     session) it passed the full CUDA verification sweep on the four shipped e4m3 layouts and was
     1.21-1.45x faster than the unwidened kernel (H=64, D=128, B 32/128, ctx 8192/32768, next_n
-    1/2; two runs; 1.20-1.46x in the thirty-eighth session's two), and it passed on separate
+    1/2; two runs; 1.20-1.46x in the thirty-eighth session's three), and it passed on separate
     scales and at head_dim 32/64 with 16 heads, next_n 1-4. ``False`` keeps the e4m3
     m16n8k32 form. sm_100a has not run either form.
     ``mma_prefetch`` (default False): the widened ``paged_logits_mma`` issues each warp step's
