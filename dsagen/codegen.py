@@ -170,13 +170,19 @@ def portable_kernel(spec: Spec, next_n: int, tuning: dict[str, Any] | None = Non
     request's q fits in ``MAX_SMEM_BYTES``, else ``"simt"``. ValueError for an invalid
     ``portable``, ``mma_widen`` or ``mma_prefetch``."""
     tune = effective_tuning(spec, tuning)
-    # ValueError for a non-bool mma_widen or mma_prefetch, whichever kernel runs
-    _mma_widen(tune)
-    _bool_tuning(tune, "mma_prefetch")
+    _check_portable(tune)   # whichever kernel runs
     if (_portable(tune) == "mma" and mma_applies(spec)
             and mma_smem_bytes(spec, next_n, tune) <= MAX_SMEM_BYTES):
         return "mma"
     return "simt"
+
+
+def _check_portable(tune: dict[str, Any]) -> None:
+    """ValueError naming the tuning where ``portable``, ``mma_widen`` or ``mma_prefetch`` (the
+    portable path's tunings) is invalid."""
+    _portable(tune)
+    _mma_widen(tune)
+    _bool_tuning(tune, "mma_prefetch")
 
 
 def _portable(tune: dict[str, Any]) -> str:
@@ -620,9 +626,7 @@ def _check_counts(tune: dict[str, Any]) -> None:
         raise ValueError(f"tuning store_lanes={v!r}: must be 2, 4, 8, 16 or 32")
     _kv_evict_first(tune)
     _store_prefetch(tune)
-    _portable(tune)
-    _mma_widen(tune)
-    _bool_tuning(tune, "mma_prefetch")
+    _check_portable(tune)
     _loop(tune)
     _lean_loop(tune)
 
