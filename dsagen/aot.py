@@ -169,6 +169,42 @@ def prune(root: Path | None = None, everything: bool = False, older_than_days: f
     return gone
 
 
+def aux_dirs(root: Path | None = None) -> list[tuple[str, Path, int, int]]:
+    """The cache's two folders that are not build entries: ``(what, path, files, bytes)`` for
+    the render memo (``rendered/``, bounded to ``codegen.RENDER_MEMO_MAX`` renders) and Jinja's
+    template bytecode (``jinja-bytecode/``). Missing folders count 0."""
+    root = root or config.cache_root()
+    out = []
+    for what, name in (("render memo", RENDER_MEMO), ("template bytecode", JINJA_CACHE)):
+        d = root / name
+        files = [f for f in d.rglob("*") if f.is_file()] if d.is_dir() else []
+        out.append((what, d, len(files), sum(f.stat().st_size for f in files)))
+    return out
+
+
+def prune_aux(root: Path | None = None, everything: bool = False,
+              older_than_days: float | None = None) -> tuple[int, int]:
+    """Remove files of the render memo and template bytecode: all with ``everything``, those
+    last used more than ``older_than_days`` ago otherwise (nothing when both are unset; both
+    are rebuilt on demand). Returns ``(files, bytes)`` removed."""
+    if not everything and older_than_days is None:
+        return 0, 0
+    now = time.time()
+    n = size = 0
+    for _what, d, _files, _bytes in aux_dirs(root):
+        for f in (list(d.rglob("*")) if d.is_dir() else []):
+            try:
+                st = f.stat()
+                if not f.is_file() or not (everything or (now - st.st_mtime) / 86400 > older_than_days):
+                    continue
+                f.unlink()
+            except OSError:
+                continue
+            n += 1
+            size += st.st_size
+    return n, size
+
+
 # ---- doctor --------------------------------------------------------------------------------------
 
 def _cmd_version(cmd: list[str], first: bool = False) -> str:

@@ -238,7 +238,14 @@ def verify(specs, device, seed):
               help="Kernel tuning overrides for every spec, e.g. '{\"mma_ahead\": false}' "
                    "(see dsagen.codegen.default_tuning).")
 def bench(specs, json_out, quick, tuning):
-    """Time the generated kernels against copy bandwidth, the PyTorch fallback and DeepGEMM."""
+    """Time the generated kernels against copy bandwidth, the PyTorch fallback and DeepGEMM.
+
+    \b
+    Environment:
+      DSAGEN_BENCH_METHOD   spin (default: launch hidden behind a GPU spin) or graph (CUDA-graph replay)
+      DSAGEN_BENCH_PARTIAL  a JSON file rewritten with the rows so far after each row
+      DSAGEN_BENCH_GIT      the rows' `git` field, for a tree copied without its .git
+    """
     from . import bench as B
     tune = None
     if tuning:
@@ -402,9 +409,13 @@ def cache_ls():
 def cache_du():
     """Total size and entry count."""
     from . import config
-    from .aot import entries
+    from .aot import aux_dirs, entries
     es = entries()
-    click.echo(f"{config.cache_root()}: {len(es)} entries, {sum(e.size for e in es) / 2**20:.1f} MiB")
+    aux = aux_dirs()
+    total = sum(e.size for e in es) + sum(a[3] for a in aux)
+    click.echo(f"{config.cache_root()}: {len(es)} entries, {sum(e.size for e in es) / 2**20:.1f} MiB; "
+               + "; ".join(f"{what} {files} files, {size / 2**20:.1f} MiB" for what, _d, files, size in aux)
+               + f"; total {total / 2**20:.1f} MiB")
 
 
 @cache.command("verify")
@@ -423,12 +434,15 @@ def cache_verify():
 @click.option("--older-than", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Also remove entries older than DAYS (> 0).")
 def cache_prune(everything, older_than):
-    """Remove unusable entries (corrupt, unfinished), or more with the options."""
-    from .aot import prune
+    """Remove unusable entries (corrupt, unfinished), or more with the options (which also
+    clear the render memo and template bytecode: all of it, or what was last used before DAYS)."""
+    from .aot import prune, prune_aux
     gone = prune(everything=everything, older_than_days=older_than)
     for e in gone:
         click.echo(f"removed {e.path} ({e.status})")
-    click.echo(f"{len(gone)} removed")
+    n, size = prune_aux(everything=everything, older_than_days=older_than)
+    click.echo(f"{len(gone)} removed" + (f"; {n} render memo / template bytecode files ({size / 2**20:.1f} MiB)"
+                                         if n else ""))
 
 
 if __name__ == "__main__":

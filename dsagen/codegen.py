@@ -29,6 +29,7 @@ HEADERS = ("layout.h",)
 
 JINJA_CACHE = "jinja-bytecode"   # under the cache root; not a build entry
 RENDER_MEMO = "rendered"         # under the cache root; not a build entry
+RENDER_MEMO_MAX = 256            # memoized renders kept (~0.25 MB each); the least recently used go
 
 _env = None   # jinja2 is imported on the first render that misses the memo (~30 ms)
 
@@ -929,6 +930,10 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
     try:
         out = json.loads(memo.read_text())
         if isinstance(out, dict) and set(out) == set(HEADERS + CPU_SOURCES + CUDA_SOURCES):
+            try:
+                os.utime(memo)           # its mtime is its last use (see _trim_render_memo)
+            except OSError:
+                pass
             return out
     except (OSError, ValueError):
         pass
@@ -955,9 +960,30 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
         with os.fdopen(fd, "w") as f:
             json.dump(out, f)
         os.replace(tmp, memo)
+        _trim_render_memo(memo.parent)
     except OSError:
         pass
     return out
+
+
+def _trim_render_memo(d: Path, keep: int = RENDER_MEMO_MAX) -> None:
+    """Bound the render memo: past ``keep`` files, remove the least recently used (by mtime,
+    which a hit refreshes) down to three quarters of ``keep``. Every template or tuning change
+    leaves renders that no digest will ask for again; this is what removes them."""
+    files = list(d.glob("*.json"))
+    if len(files) <= keep:
+        return
+    def mtime(f: Path) -> float:
+        try:
+            return f.stat().st_mtime
+        except OSError:
+            return 0.0
+    files.sort(key=mtime)
+    for f in files[:len(files) - keep * 3 // 4]:
+        try:
+            f.unlink()
+        except OSError:
+            pass
 
 
 def write_generated(spec: Spec, out_dir: Path | None = None,

@@ -415,6 +415,8 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(str(path), "", f"not UTF-8 text (byte {e.start})") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
+        if data is None:
+            raise SpecError(str(path), "", "the file is empty (no YAML mapping); see specs/ for the format")
         return _parse(data, str(path))
     except yaml.YAMLError as e:
         raise SpecError(str(path), "", f"not valid YAML: {_yaml_problem(e)}") from None

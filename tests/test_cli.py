@@ -11,6 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+import dsagen
 import dsagen.codegen
 from dsagen.cli import main
 
@@ -139,3 +140,38 @@ def test_unwritable_outputs_are_usage_errors(generated_tmp, tmp_path):
     assert r.exit_code == 2 and "cannot write fp8_e4m3_page64's sources" in r.output
     r = CliRunner().invoke(main, ["cache", "prune", "--older-than", "-1"])
     assert r.exit_code == 2
+
+
+def test_render_memo_is_counted_bounded_and_pruned(tmp_path, monkeypatch):
+    """The render memo and template bytecode (not build entries) show in `cache du`, stay
+    bounded (least recently used go first), and go with `cache prune --all`."""
+    import os
+    import time
+    monkeypatch.setenv("DSAGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(REPO)
+    spec = dsagen.load_spec(FP8)
+    dsagen.codegen.render(spec)
+    memo = tmp_path / "cache" / dsagen.codegen.RENDER_MEMO
+    assert len(list(memo.glob("*.json"))) == 1
+    r = _run("cache", "du")
+    assert r.exit_code == 0 and "0 entries" in r.output and "render memo 1 files" in r.output, r.output
+
+    # trimming: 9 renders against a bound of 8 keeps the 6 most recently used
+    files = []
+    for i in range(9):
+        f = memo / f"{i:02d}.json"
+        f.write_text("{}")
+        os.utime(f, (time.time() - 1000 + i, time.time() - 1000 + i))
+        files.append(f)
+    os.utime(files[0])                       # used just now: kept though written first
+    dsagen.codegen._trim_render_memo(memo, keep=8)
+    left = {f.name for f in memo.glob("*.json")}
+    assert len(left) == 6 and "00.json" in left and "01.json" not in left, left
+
+    r = _run("cache", "prune")                # unusable entries only: the memo stays
+    assert r.exit_code == 0 and len(list(memo.glob("*.json"))) == 6
+    r = _run("cache", "prune", "--all")
+    assert r.exit_code == 0 and "render memo / template bytecode files" in r.output, r.output
+    assert not list(memo.glob("*.json"))
+    assert not [f for f in (tmp_path / "cache" / dsagen.codegen.JINJA_CACHE).rglob("*") if f.is_file()]
+    assert dsagen.codegen.render(spec)["layout.h"]   # renders again after the prune

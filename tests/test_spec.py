@@ -190,6 +190,16 @@ def test_non_yaml(tmp_path):
     assert "\n" not in str(ei.value)
 
 
+@pytest.mark.parametrize("text", ["", "\n", "# a comment only\n"])
+def test_empty_file_says_so(tmp_path, text):
+    f = tmp_path / "empty.yaml"
+    f.write_text(text)
+    with pytest.raises(SpecError) as ei:
+        dsagen.load_spec(f)
+    assert ei.value.path == ""
+    assert str(ei.value).startswith(f"{f}: the file is empty")
+
+
 def test_non_yaml_names_line_and_column(tmp_path):
     # a tab that starts line 3, column 1: PyYAML's mark is 0-based, the message 1-based
     f = tmp_path / "tab.yaml"
