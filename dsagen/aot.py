@@ -177,25 +177,38 @@ def aux_dirs(root: Path | None = None) -> list[tuple[str, Path, int, int]]:
     out = []
     for what, name in (("render memo", RENDER_MEMO), ("template bytecode", JINJA_CACHE)):
         d = root / name
-        files = [f for f in d.rglob("*") if f.is_file()] if d.is_dir() else []
-        out.append((what, d, len(files), sum(f.stat().st_size for f in files)))
+        n = size = 0
+        for f in (d.rglob("*") if d.is_dir() else ()):
+            try:                       # another process may rename or remove it meanwhile
+                if f.is_file():
+                    size += f.stat().st_size
+                    n += 1
+            except OSError:
+                pass
+        out.append((what, d, n, size))
     return out
 
 
 def prune_aux(root: Path | None = None, everything: bool = False,
               older_than_days: float | None = None) -> tuple[int, int]:
-    """Remove files of the render memo and template bytecode: all with ``everything``, those
-    last used more than ``older_than_days`` ago otherwise (nothing when both are unset; both
-    are rebuilt on demand). Returns ``(files, bytes)`` removed."""
+    """Remove files of the render memo and template bytecode: all with ``everything``, else
+    those whose mtime is more than ``older_than_days`` old (a memo's mtime is its last use; a
+    bytecode file's is when it was written, as Jinja does not touch it on reads). Nothing when
+    both are unset. Both are rebuilt on demand. Returns ``(files, bytes)`` removed; files that
+    another process removes or replaces meanwhile are skipped."""
     if not everything and older_than_days is None:
         return 0, 0
+    root = root or config.cache_root()
     now = time.time()
     n = size = 0
-    for _what, d, _files, _bytes in aux_dirs(root):
+    for name in (RENDER_MEMO, JINJA_CACHE):
+        d = root / name
         for f in (list(d.rglob("*")) if d.is_dir() else []):
             try:
+                if not f.is_file():
+                    continue
                 st = f.stat()
-                if not f.is_file() or not (everything or (now - st.st_mtime) / 86400 > older_than_days):
+                if not (everything or (now - st.st_mtime) / 86400 > older_than_days):
                     continue
                 f.unlink()
             except OSError:

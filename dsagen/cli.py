@@ -435,7 +435,8 @@ def cache_verify():
               help="Also remove entries older than DAYS (> 0).")
 def cache_prune(everything, older_than):
     """Remove unusable entries (corrupt, unfinished), or more with the options (which also
-    clear the render memo and template bytecode: all of it, or what was last used before DAYS)."""
+    clear the render memo and template bytecode: all of it, or the files older than DAYS; a
+    memo's age counts from its last use, a bytecode file's from when it was written)."""
     from .aot import prune, prune_aux
     gone = prune(everything=everything, older_than_days=older_than)
     for e in gone:

@@ -416,7 +416,14 @@ def load_spec(path: str | Path) -> Spec:
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
         if data is None:
-            raise SpecError(str(path), "", "the file is empty (no YAML mapping); see specs/ for the format")
+            def blank(ln: str) -> bool:     # no content: blank, comment, directive, bare marker
+                ln = ln.strip()
+                if ln[:3] in ("---", "..."):
+                    ln = ln[3:].strip()
+                return not ln or ln.startswith(("#", "%"))
+            empty = all(blank(ln) for ln in text.lstrip("\ufeff").splitlines())
+            raise SpecError(str(path), "", ("the file is empty" if empty else "the document is null")
+                            + " (a spec is a YAML mapping; see specs/ for the format)")
         return _parse(data, str(path))
     except yaml.YAMLError as e:
         raise SpecError(str(path), "", f"not valid YAML: {_yaml_problem(e)}") from None

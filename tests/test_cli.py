@@ -175,3 +175,30 @@ def test_render_memo_is_counted_bounded_and_pruned(tmp_path, monkeypatch):
     assert not list(memo.glob("*.json"))
     assert not [f for f in (tmp_path / "cache" / dsagen.codegen.JINJA_CACHE).rglob("*") if f.is_file()]
     assert dsagen.codegen.render(spec)["layout.h"]   # renders again after the prune
+
+
+def test_cache_du_and_prune_survive_files_vanishing(tmp_path, monkeypatch):
+    """A render memo file removed by another process between listing and stat (a trim, a
+    rename into place) is skipped by `cache du` and `cache prune --all`, not a crash."""
+    import pathlib
+    from dsagen import aot
+    root = tmp_path / "cache"
+    memo = root / dsagen.codegen.RENDER_MEMO
+    memo.mkdir(parents=True)
+    for name in ("a.json", "gone.json"):
+        (memo / name).write_text("{}")
+    real_stat = pathlib.Path.stat
+    calls = {}
+
+    def racy_stat(self, *a, **k):
+        if self.name == "gone.json":            # is_file() sees it, the next stat() does not
+            calls[self] = calls.get(self, 0) + 1
+            if calls[self] > 1:
+                raise FileNotFoundError(2, "No such file or directory", str(self))
+        return real_stat(self, *a, **k)
+    monkeypatch.setattr(pathlib.Path, "stat", racy_stat)
+    (what, _d, files, size), _bytecode = aot.aux_dirs(root)
+    assert what == "render memo" and files == 1 and size == 2
+    calls.clear()
+    assert aot.prune_aux(root, everything=True) == (1, 2)
+    assert not (memo / "a.json").exists()

@@ -190,14 +190,18 @@ def test_non_yaml(tmp_path):
     assert "\n" not in str(ei.value)
 
 
-@pytest.mark.parametrize("text", ["", "\n", "# a comment only\n"])
-def test_empty_file_says_so(tmp_path, text):
+@pytest.mark.parametrize("text, says", [("", "the file is empty"), ("\n", "the file is empty"),
+                                        ("# a comment only\n", "the file is empty"),
+                                        ("---\n", "the file is empty"),
+                                        ("null\n", "the document is null"),
+                                        ("--- ~\n", "the document is null")])
+def test_empty_or_null_file_says_so(tmp_path, text, says):
     f = tmp_path / "empty.yaml"
     f.write_text(text)
     with pytest.raises(SpecError) as ei:
         dsagen.load_spec(f)
     assert ei.value.path == ""
-    assert str(ei.value).startswith(f"{f}: the file is empty")
+    assert str(ei.value).startswith(f"{f}: {says} (a spec is a YAML mapping")
 
 
 def test_non_yaml_names_line_and_column(tmp_path):
