@@ -21,6 +21,11 @@ __all__ = ["Spec", "SpecError", "load_spec", "load", "__version__"]
 
 
 def load(spec, *, with_cuda=None, tuning=None):
-    """Build (or load from cache) the ops of a spec; see :func:`dsagen.ops.load`."""
+    """Build (or load from cache) the ops of a spec: a :class:`dsagen.ops.Ops` with ``store``,
+    ``paged_logits`` (DeepGEMM ``fp8_paged_mqa_logits`` semantics), ``paged_logits_schedule``
+    and ``ragged_logits`` (``fp8_mqa_logits`` semantics). ``spec``: a :class:`Spec` or a YAML
+    path; ``with_cuda``: None builds the CUDA kernels where a device matches a target;
+    ``tuning``: kernel tuning overrides. Arguments and errors as :func:`dsagen.ops.load`
+    (SpecError, BuildError, JitDisabledError, CaptureError, ValueError, RuntimeError)."""
     from .ops import load as _load
     return _load(spec, with_cuda=with_cuda, tuning=tuning)

@@ -20,6 +20,8 @@ from .spec import Spec
 
 @dataclass
 class VariantResult:
+    """One build of :func:`precompile` (a build failure is reported here, ``ok`` False with
+    the error in ``note``, not raised). ``seconds``: its wall time; ``key``: the cache key."""
     spec: str
     variant: str          # "cpu" or the CUDA arch
     ok: bool
@@ -113,6 +115,8 @@ def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, job
 
 @dataclass
 class Entry:
+    """One build directory of the cache. ``size`` in bytes; ``status`` "ok" or why it is not
+    usable; ``built`` the manifest's build time; ``variant`` "cpu" or "cuda ARCHS"."""
     path: Path
     name: str
     key: str
@@ -153,7 +157,8 @@ def entries(root: Path | None = None) -> list[Entry]:
 
 def prune(root: Path | None = None, everything: bool = False, older_than_days: float | None = None) -> list[Entry]:
     """Remove unusable entries (and unfinished build directories older than an hour); with
-    ``everything`` all entries, with ``older_than_days`` those built earlier. Returns what went."""
+    ``everything`` all entries, with ``older_than_days`` those whose directory was modified
+    more than that many days ago (normally its build time). Returns what went."""
     gone = []
     now = time.time()
     for e in entries(root):

@@ -146,7 +146,8 @@ def default_shapes(spec: Spec, quick: bool = False) -> list[Shape]:
     Full: paged_logits at ``B in {32, 128} x next_n in {1, 2} (those in spec.next_n) x ctx in
     {8192, 32768, 65536}``, plus ``B=128`` with mixed lengths per next_n; store at
     ``N in {1, 128, 16384, 65536}`` at random slots and ``N=65536`` at a prefill's slots (whole
-    pages; not for a page size of 1, where the two patterns are the same). ``quick``:
+    pages; not for a page size of 1, where the two patterns are the same); ragged_logits
+    (prefill) at ``(S, N)`` = (4096, 4096) and (2048, 16384) (``Shape``'s ``B`` and ``ctx``). ``quick``:
     paged_logits ``B=32, next_n=1`` (or the spec's smallest next_n), ``ctx=8192``; store ``N in
     {128, 65536}``.
     """
@@ -189,7 +190,8 @@ def paged_logits_bytes(spec: Spec, B: int, next_n: int, sum_context_lens: int,
     """Minimal bytes one ``paged_logits`` call moves.
 
     Keys + scales read once (``sum_context_lens * spec.bytes_per_token``) + q
-    (``B*next_n*num_heads*head_dim`` elements of the key dtype) + weights (fp32
+    (``B*next_n*num_heads*head_dim`` elements of ``spec.query``: e4m3 for e4m3 keys, bf16 for
+    e2m1, else the key dtype) + weights (fp32
     ``B*next_n*num_heads``) + logits written (fp32 ``B*next_n*max_context_len``).
     """
     q = B * next_n * spec.num_heads * spec.head_dim * spec.query.bits // 8
@@ -266,7 +268,7 @@ def make_logits_inputs(spec: Spec, store: StoreFn, context_lens: Sequence[int], 
     ``[B, max_pages]``, ``max_pages`` padded to a multiple of ``pad_pages_to``) holds a random
     permutation of the pages; the columns past a request's length point at random real pages.
 
-    Returns a dict with ``q [B, next_n, num_heads, head_dim]`` (key dtype; e4m3 q is
+    Returns a dict with ``q [B, next_n, num_heads, head_dim]`` (in ``spec.query``; e4m3 q is
     ``randn*8``), ``kv_cache`` uint8 ``[num_pages, page_bytes]``, ``kv_scales`` (uint8
     ``[num_pages, scale_page_bytes]`` for a separate spec, else None), ``weights`` fp32
     ``[B*next_n, num_heads]``, ``context_lens`` int32 ``[B]``, ``block_table``,

@@ -11,7 +11,12 @@ The generated kernel computes its schedule on the device, so the metadata is a p
 the shape DeepGEMM returns, unless ``get_paged_mqa_logits_metadata`` is also given the block
 table, ``max_context_len`` and next_n (a dsagen extension): it then returns the decode step's
 :meth:`dsagen.ops.Ops.paged_logits_schedule`, which ``fp8_paged_mqa_logits`` passes to the kernel. To switch a stack to bf16 keys, load ``specs/bf16_page64.yaml``
-with :func:`use_spec` and pass bf16 ``q`` and the bf16 cache (``kv_cache [num_pages, 64, 1, 256]``).
+with :func:`use_spec` and pass bf16 ``q`` and the bf16 cache, viewed as uint8
+``[num_pages, 64, 1, 256]`` or bf16 ``[num_pages, 64, 1, 128]`` (any element type whose last
+dimension holds the token's 256 bytes).
+
+The default spec is the repository's ``specs/fp8_e4m3_page64.yaml`` (dsagen is installed
+editable; the specs are not inside the package): :func:`use_spec` any other spec first.
 """
 from __future__ import annotations
 
@@ -46,8 +51,12 @@ def _ops():
     global _OPS
     if _OPS is None:
         from . import load
-        default = [p for p in shipped_spec_paths() if p.stem == "fp8_e4m3_page64"][0]
-        _OPS = load(default)
+        default = [p for p in shipped_spec_paths() if p.stem == "fp8_e4m3_page64"]
+        if not default:
+            raise FileNotFoundError("dsagen.compat: specs/fp8_e4m3_page64.yaml not found beside the "
+                                    "package (install dsagen editable from its repository, or call "
+                                    "dsagen.compat.use_spec(SPEC) first)")
+        _OPS = load(default[0])
     return _OPS
 
 
@@ -91,8 +100,9 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
 
     Args:
         q: ``[B, next_n, num_heads, head_dim]`` (e4m3 for the fp8 layout).
-        kv_cache: uint8 ``[num_pages, page_size, 1, bytes_per_token]`` (DeepGEMM's view) or
-            ``[num_pages, page_bytes]``.
+        kv_cache: uint8 ``[num_pages, page_size, 1, bytes_per_token]`` (DeepGEMM's view; any
+            element type whose last dimension holds ``bytes_per_token`` bytes, e.g. bf16
+            ``[num_pages, 64, 1, 128]`` for bf16_page64) or uint8 ``[num_pages, page_bytes]``.
         weights: fp32 ``[B*next_n, num_heads]``; context_lens int32 ``[B]`` or ``[B, next_n]``;
         block_table: int32 ``[B, max_pages]``; schedule_meta: what
             :func:`get_paged_mqa_logits_metadata` returned (a dsagen schedule is passed to the
@@ -100,8 +110,9 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
     Returns:
         fp32 ``[B*next_n, max_context_len]``.
     Raises:
-        ValueError: a 4-D ``kv_cache`` not shaped ``[num_pages, page_size, 1, bytes_per_token]``,
-            or a spec with padded pages (``page_stride_bytes``), which that view cannot hold.
+        ValueError: a 4-D ``kv_cache`` whose last three dimensions are not ``page_size, 1``
+            and ``bytes_per_token`` bytes, or that is not contiguous, or a spec with padded
+            pages (``page_stride_bytes``), which that view cannot hold.
         RuntimeError: what :meth:`dsagen.ops.Ops.paged_logits` raises for the inputs.
         dsagen.jit.BuildError: the first call builds the ops and the build fails.
     """
@@ -112,9 +123,14 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
             raise ValueError(f"{spec.name}: page_stride_bytes {spec.page_bytes} pads the pages, which "
                              f"DeepGEMM's [num_pages, {spec.page_size}, 1, {spec.bytes_per_token}] view "
                              f"cannot express; pass kv_cache as uint8 [num_pages, {spec.page_bytes}]")
-        if tuple(kv_cache.shape[1:]) != (spec.page_size, 1, spec.bytes_per_token):
-            raise ValueError(f"kv_cache must be [num_pages, {spec.page_size}, 1, {spec.bytes_per_token}], "
-                             f"got {list(kv_cache.shape)}")
+        esize = kv_cache.element_size()
+        if (tuple(kv_cache.shape[1:3]) != (spec.page_size, 1)
+                or kv_cache.shape[3] * esize != spec.bytes_per_token):
+            raise ValueError(f"kv_cache must be uint8 [num_pages, {spec.page_size}, 1, {spec.bytes_per_token}] "
+                             f"(or another element type holding {spec.bytes_per_token} bytes per token), "
+                             f"got {kv_cache.dtype} {list(kv_cache.shape)}")
+        if not kv_cache.is_contiguous():
+            raise ValueError("kv_cache: a 4-D view must be contiguous")
         kv_cache = kv_cache.view(torch.uint8).reshape(kv_cache.shape[0], spec.page_bytes)
     from .ops import SCHEDULE_ROW
     schedule = (schedule_meta if schedule_meta is not None and schedule_meta.dim() == 2

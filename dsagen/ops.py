@@ -117,7 +117,10 @@ class Ops:
         where key ``j`` of request ``b`` is in slot ``block_table[b, j // page_size] * page_size +
         j % page_size``. Row ``b*next_n+i`` sees ``j < context_lens[b] - next_n + i + 1`` with 1-D
         ``context_lens`` (token counts; causal over the ``next_n`` draft positions), ``j <
-        context_lens[b, i]`` with 2-D ones, never past ``max_context_len``.
+        context_lens[b, i]`` with 2-D ones, never past ``max_context_len``. With block scales
+        (``scale.block`` < ``head_dim``, e.g. the e2m1 layouts' 32-element blocks) each block of
+        the key is scaled before the dot product: ``q[b,i,h] . (k[j] * scale[j, block])``
+        replaces ``k_scale[j] * (q[b,i,h] . k[j])``; unscaled layouts (bf16, fp16) use 1.
 
         Args:
             q: ``[B, next_n, num_heads, head_dim]`` in ``spec.query``: e4m3 for e4m3 layouts,
@@ -149,11 +152,13 @@ class Ops:
             fp32 ``[B*next_n, max_context_len]``.
         Raises:
             RuntimeError: shapes or dtypes do not match the spec, next_n is not in the spec,
-                ``kv_scales`` is missing for a separate spec or given for another, or
+                the tensors are not all on one device, ``block_table``'s column stride is not
+                1, ``kv_scales`` is missing for a separate spec or given for another, or
                 ``schedule`` is not a contiguous, 16-byte aligned int32 ``[num_sms, kSchedRow]``
-                tensor of this device, ``max_context_len`` is out of range, ``kv_cache`` is not
-                contiguous; on the CPU backend, a page id a request reads is out of range (on
-                CUDA page ids are not checked: undefined behaviour).
+                tensor of this device (its row count this device's SM count),
+                ``max_context_len`` is out of range, ``kv_cache`` is not contiguous, or (CUDA)
+                the launch failed; on the CPU backend, a page id a request reads is out of
+                range (on CUDA page ids are not checked: undefined behaviour).
         """
         return self._ops.paged_logits(q, kv_cache, weights, context_lens, block_table,
                                       int(max_context_len), bool(clean_logits), kv_scales, schedule)
@@ -221,6 +226,8 @@ class Ops:
 
         ``logits[s, n] = k_scale[n] * sum_h weights[s, h] * relu(q[s, h] . k[n])`` for
         ``ks[s] <= n < ke[s]``, else ``-inf`` (with ``clean_logits``; otherwise unspecified).
+        With block scales each block of ``k[n]`` is scaled before the dot product, as in
+        :meth:`paged_logits`.
 
         Args:
             q: ``[S, num_heads, head_dim]`` in ``spec.query``.

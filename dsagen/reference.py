@@ -99,9 +99,10 @@ def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | 
         (max = 448 for e4m3, 6 for e2m1); ``pow2`` rounding (always for ue8m0 scales):
         ``2**ceil(log2(scale))``, DeepSeek V3.2's ue8m0 format; ``k_q = key_dtype(k / scale)``
         (round to nearest even, saturating). NaN elements are ignored by ``amax``; stored bytes
-        are specified for finite keys.
+        are specified for finite keys (an inf element makes the block's scale inf; the ue8m0
+        encoding of :func:`store` refuses it).
     Raises:
-        ValueError: a pow2 scale outside the ue8m0 range ``2**-127 .. 2**127``.
+        nothing of its own: the ue8m0 range check (``2**-127 .. 2**127``) is :func:`store`'s.
     """
     kd = spec.key
     if not spec.quantized:
@@ -152,11 +153,18 @@ def _offsets(spec: Spec, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec,
           kv_scales: torch.Tensor | None = None) -> None:
-    """Quantize ``k [N, head_dim]`` and write token ``i`` to slot ``loc[i]`` of ``kv_cache`` in place.
+    """Quantize ``k [N, head_dim]`` (bf16/fp16/fp32) and write token ``i`` to slot ``loc[i]``
+    of ``kv_cache`` (uint8 ``[num_pages, page_bytes]``) in place, as :func:`quantize` and the
+    layout say; the generated store kernels are checked against it.
 
-    ``loc`` is int64 ``[N]``; slots must be distinct. Only the bytes of those slots change.
-    ``kv_scales``: the scale tensor of a ``separate`` spec (written in place; see the module
-    docstring), None otherwise.
+    ``loc`` is int64 ``[N]`` slot ids (``page * page_size + offset``); slots must be distinct.
+    Only the bytes of those slots change. ``kv_scales``: the scale tensor of a ``separate``
+    spec (written in place; see the module docstring), None otherwise.
+
+    Raises:
+        ValueError: ``kv_scales`` missing for a separate spec or given for another; a ue8m0
+            scale outside ``2**-127 .. 2**127`` (e.g. from an inf key).
+        IndexError: a slot outside ``kv_cache``.
     """
     flat = kv_cache.view(-1)
     sflat = _scale_tensor(spec, kv_cache, kv_scales).view(-1)
@@ -307,8 +315,12 @@ def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
     Returns:
         ``[B*next_n, max_context_len]`` logits.
     Raises:
-        ValueError: shapes or dtypes that do not match the spec, ``kv_scales`` missing for a
-            separate spec or given for another.
+        ValueError: shapes that do not match the spec, ``kv_cache`` not uint8
+            ``[num_pages, page_bytes]``, ``max_context_len`` past the block table's capacity,
+            ``kv_scales`` missing for a separate spec or given for another. The other inputs'
+            dtypes are not checked: they are converted to ``compute_dtype`` (a reference, not
+            a kernel).
+        IndexError: a page id a request reads outside ``kv_cache``.
     """
     _check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, spec,
                        kv_scales)
@@ -371,7 +383,10 @@ def ragged_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None
     Returns:
         ``[S, N]`` logits.
     Raises:
-        ValueError: shapes or dtypes that do not match the spec.
+        ValueError: shapes that do not match the spec, ``k_scale`` missing or misshaped for a
+            scaled layout, ``k`` neither the key dtype ``[N, head_dim]`` nor uint8
+            ``[N, key_bytes_per_token]``. The other inputs' dtypes are converted to
+            ``compute_dtype``, not checked.
     """
     S, N = q.shape[0], k.shape[0]
     if q.dim() != 3 or q.shape[1:] != (spec.num_heads, spec.head_dim):
@@ -400,7 +415,14 @@ def fallback_paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     Gathers whole pages with ``block_table`` (and their scale pages from ``kv_scales`` for a
     ``separate`` spec), dequantizes them to bf16, runs one batched GEMM, ``relu * weights``, sums
     heads, masks with ``-inf``. Same result as :func:`paged_logits` up to bf16 rounding; used as
-    the speed baseline in ``dsagen bench``. Returns fp32 ``[B*next_n, max_context_len]``.
+    the speed baseline in ``dsagen bench``.
+
+    Args: as :func:`paged_logits` (``q [B, next_n, num_heads, head_dim]``, uint8 ``kv_cache
+    [num_pages, page_bytes]``, fp32 ``weights [B*next_n, num_heads]``, int32 ``context_lens
+    [B]`` or ``[B, next_n]``, int32 ``block_table [B, max_pages]``), unchecked: it is a
+    timing baseline. Returns fp32 ``[B*next_n, max_context_len]``.
+    Raises:
+        ValueError: ``kv_scales`` missing for a separate spec or given for another.
     """
     B, next_n, H, D = q.shape
     ps = spec.page_size

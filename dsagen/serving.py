@@ -30,8 +30,13 @@ class IndexerKCache:
             ``num_layers * scale_layer_stride`` bytes (``num_pages * spec.scale_page_bytes``
             rounded up to 256), with per-layer views :meth:`layer_scales`; otherwise
             ``scale_pool`` is None.
-        device: where the pool lives; the generated ops are built for it on first use.
+        device: where the pool lives (the ops are loaded in ``__init__`` with
+            ``dsagen.load(spec)``, which builds the CPU and, with a CUDA torch, the CUDA kernels
+            of the spec, or finds them in the cache).
         ops: already loaded ops (default: ``dsagen.load(spec)``).
+    Raises:
+        ValueError: ``num_layers`` or ``num_pages`` < 1.
+        dsagen.SpecError: a bad spec file. dsagen.jit.BuildError: the build fails.
     """
 
     def __init__(self, spec, num_layers: int, num_pages: int, device="cpu", ops=None):
@@ -55,6 +60,8 @@ class IndexerKCache:
 
     @property
     def bytes_per_token(self) -> int:
+        """Bytes one token takes in a page (keys and, unless separate, scales): 132 for
+        fp8_e4m3_page64, 256 for bf16_page64."""
         return self.spec.bytes_per_token
 
     def layer(self, layer: int) -> torch.Tensor:
@@ -77,15 +84,27 @@ class IndexerKCache:
         return self.scale_pool[start:start + n].view(self.num_pages, self.spec.scale_page_bytes)
 
     def store(self, layer: int, k: torch.Tensor, loc: torch.Tensor) -> None:
-        """Quantize ``k [N, head_dim]`` into slots ``loc [N]`` (int64) of ``layer``."""
+        """Quantize ``k [N, head_dim]`` (bf16, fp16 or fp32) into slots ``loc [N]`` (int64,
+        ``page * page_size + offset``, distinct) of ``layer``.
+
+        Raises:
+            IndexError: ``layer`` out of range. RuntimeError: what
+                :meth:`dsagen.ops.Ops.store` raises for the inputs.
+        """
         self.ops.store(k, self.layer(layer), loc, self.layer_scales(layer))
 
     def paged_logits(self, layer: int, q, weights, context_lens, block_table, max_context_len: int,
                      clean_logits: bool = True, out: torch.Tensor | None = None,
                      schedule: torch.Tensor | None = None) -> torch.Tensor:
         """Decode logits of ``layer`` (DeepGEMM ``fp8_paged_mqa_logits`` semantics; shapes as in
-        :meth:`dsagen.ops.Ops.paged_logits`). ``out``, if given, receives the result;
-        ``schedule`` is this step's :meth:`schedule` (optional; the same result)."""
+        :meth:`dsagen.ops.Ops.paged_logits`). ``out``, if given (fp32 ``[B*next_n,
+        max_context_len]``), receives a copy of the result (the op still allocates its own);
+        ``schedule`` is this step's :meth:`schedule` (optional; the same result).
+
+        Raises:
+            IndexError: ``layer`` out of range. RuntimeError: what
+                :meth:`dsagen.ops.Ops.paged_logits` raises, or ``out`` misshaped.
+        """
         res = self.ops.paged_logits(q, self.layer(layer), weights, context_lens, block_table,
                                     max_context_len, clean_logits, self.layer_scales(layer), schedule)
         if out is not None:
@@ -102,8 +121,9 @@ class IndexerKCache:
         """Contiguous keys of requests for prefill, in the form :meth:`ragged_logits` takes.
 
         Args:
+            layer: which layer, in ``[0, num_layers)``.
             block_table: int32 ``[B, max_pages]``.
-            cu_seq_lens: int ``[B+1]`` prefix sums of the requests' lengths.
+            cu_seq_lens: int ``[B+1]`` prefix sums of the requests' lengths (tokens).
         Returns:
             ``(k [S, head_dim]`` in the key dtype (e2m1: uint8 ``[S, head_dim/2]`` packed),
             ``k_scale [S, scales_per_token]`` fp32 or None), ``S = cu_seq_lens[-1]``, requests
@@ -113,6 +133,7 @@ class IndexerKCache:
             ValueError: a page id that a request's keys need is not in ``[0, num_pages)`` (such as
                 the -1 that pads block tables), or a request's keys run past ``block_table``'s
                 columns.
+            IndexError: ``layer`` out of range.
         """
         ps = self.spec.page_size
         cu = cu_seq_lens.to(torch.int64)

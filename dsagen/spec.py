@@ -39,7 +39,9 @@ HEAD_DIMS = (32, 64, 128, 256)
 
 
 class SpecError(ValueError):
-    """A spec file is malformed. ``str(err)`` is one line: ``FILE: FIELD: problem``."""
+    """A spec file is malformed (a ``ValueError``). ``str(err)`` is one line: ``FILE: FIELD:
+    problem``; ``source``, ``path`` (the YAML path of the field, "" for the whole file) and
+    ``message`` hold its parts."""
 
     def __init__(self, source: str, path: str, message: str):
         self.source = source
@@ -70,7 +72,18 @@ class Layout:
 
 @dataclass(frozen=True)
 class Spec:
-    """A validated layout spec. Build with :func:`load_spec` or :func:`Spec.from_dict`."""
+    """A validated layout spec. Build with :func:`load_spec` or :func:`Spec.from_dict`.
+
+    Fields (the YAML keys of the README's "Spec format"): ``head_dim`` (elements per key, 32-256),
+    ``page_size`` (tokens per page, a power of two 1-256), ``key_dtype`` (``e4m3``, ``bf16``,
+    ``fp16``, ``e2m1``), ``scale_dtype`` (``fp32``, ``ue8m0`` or ``none``), ``scale_rounding``
+    (``none`` or ``pow2``), ``scale_block`` (elements per scale), ``scale_placement``
+    (``page_tail``, ``interleaved`` or ``separate``), ``num_heads`` (8-128), ``next_n`` (the
+    query positions per request the kernels are built for, a tuple of 1-4), ``targets`` (CUDA
+    arches, ``sm_90a`` / ``sm_100a``), ``page_stride_bytes`` (bytes per page when padded, else
+    None). Derived byte counts (``bytes_per_token``, ``page_bytes``, :attr:`layout`) are
+    properties.
+    """
 
     name: str
     description: str
@@ -172,6 +185,7 @@ class Spec:
         return g
 
     def to_dict(self) -> dict[str, Any]:
+        """The spec as the nested mapping of its YAML form (``Spec.from_dict(s.to_dict()) == s``)."""
         d = {
             "name": self.name,
             "description": self.description,

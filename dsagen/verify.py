@@ -78,6 +78,15 @@ def logits_tolerance(spec: Spec, device, next_n: int | None = None,
 
 @dataclass
 class Row:
+    """One verification case. ``op``: store / paged_logits / ragged_logits; ``backend``: cpu
+    or cuda; ``shape``: the case in words. Over the valid logits, against the float64
+    reference: ``rel_l2`` = ||out - ref|| / ||ref||; ``cond_err`` = ||out - ref|| / ||the same
+    sums over absolute values|| (bounds what rounding can do); ``calc_diff`` is DeepGEMM's
+    measure. ``masks_equal``: ``-inf`` exactly where the reference has it; ``all_written``: no
+    entry left NaN from the poisoned output; ``bytes_equal``: (store) the cache bytes equal the
+    reference store's; ``deterministic``: reruns (and, for paged logits, the call from a precomputed
+    schedule) gave the same bits. ``passed`` combines them
+    with :func:`logits_tolerance`; ``note`` says why a row failed or what it covers."""
     op: str
     backend: str
     shape: str
@@ -94,15 +103,18 @@ class Row:
 
 @dataclass
 class Report:
+    """The rows of one spec's verification on one backend (:func:`verify`)."""
     spec: str
     backend: str
     rows: list[Row] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
+        """At least one row, and every row passed."""
         return bool(self.rows) and all(r.passed for r in self.rows)
 
     def table(self) -> str:
+        """The rows as a fixed-width text table (what ``dsagen verify`` prints)."""
         lines = [f"{'op':<14}{'shape':<46}{'rel_l2':>10}{'cond_err':>10}{'calc_diff':>11}  masks  written  bytes  result"]
         for r in self.rows:
             lines.append(
@@ -113,6 +125,7 @@ class Report:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
+        """JSON-ready form: spec, backend, passed and every row's fields."""
         return {"spec": self.spec, "backend": self.backend, "passed": self.passed,
                 "rows": [asdict(r) for r in self.rows]}
 
@@ -125,6 +138,8 @@ def random_keys(n: int, head_dim: int, gen: torch.Generator, device, dtype=torch
 
 
 def random_q(spec: Spec, B: int, next_n: int, gen: torch.Generator, device) -> torch.Tensor:
+    """Random queries ``[B, next_n, num_heads, head_dim]`` in ``spec.query`` (standard normal;
+    times 8 for e4m3, so that the fp8 values use more of its range)."""
     q = torch.randn(B, next_n, spec.num_heads, spec.head_dim, generator=gen)
     if spec.key_dtype == "e4m3":
         q = q * 8.0

@@ -97,7 +97,8 @@ def test_separate_scales_are_refused():
 
 def test_use_spec_bf16_keys_through_the_deepgemm_signature(gen):
     """README's switch to bf16 keys: ``use_spec("specs/bf16_page64.yaml")``, bf16 q and a
-    ``[num_pages, 64, 1, 256]`` cache view through ``fp8_paged_mqa_logits``, against the float64
+    uint8 ``[num_pages, 64, 1, 256]`` or bf16 ``[num_pages, 64, 1, 128]`` cache view through
+    ``fp8_paged_mqa_logits``, against the float64
     reference; outputs NaN-poisoned before the kernel, every entry written (CPU backend)."""
     from conftest import SPECS
     before = dg._ops()
@@ -114,14 +115,20 @@ def test_use_spec_bf16_keys_through_the_deepgemm_signature(gen):
         cl = torch.tensor(lens, dtype=torch.int32)
         view = cache.view(cache.shape[0], spec.page_size, 1, spec.bytes_per_token)
         assert tuple(view.shape[1:]) == (64, 1, 256)
-        with ops.poisoned_outputs():
-            out = dg.fp8_paged_mqa_logits(q, view, w, cl, bt, dg.get_paged_mqa_logits_metadata(cl, 64, 132),
-                                          200, clean_logits=True)
-        assert not out.isnan().any()
         ref = R.paged_logits(q, cache, w, cl, bt, 200, True, spec, compute_dtype=torch.float64)
         v = torch.isfinite(ref)
-        assert torch.equal(torch.isneginf(out), ~v)
-        assert float((out[v].double() - ref[v]).norm() / ref[v].norm()) < 1e-5
+        # the uint8 view, and the same bytes as a bf16 [num_pages, 64, 1, 128] cache
+        for kv in (view, view.view(torch.bfloat16)):
+            with ops.poisoned_outputs():
+                out = dg.fp8_paged_mqa_logits(q, kv, w, cl, bt, dg.get_paged_mqa_logits_metadata(cl, 64, 132),
+                                              200, clean_logits=True)
+            assert not out.isnan().any()
+            assert torch.equal(torch.isneginf(out), ~v)
+            assert float((out[v].double() - ref[v]).norm() / ref[v].norm()) < 1e-5
+        assert tuple(view.view(torch.bfloat16).shape[1:]) == (64, 1, 128)
+        with pytest.raises(ValueError, match="bytes per token"):    # bf16 elements, 256 of them: 512 bytes
+            dg.fp8_paged_mqa_logits(q, torch.zeros(2, 64, 1, 256, dtype=torch.bfloat16), w, cl, bt,
+                                    None, 200)
     finally:
         dg._OPS = before
 
