@@ -112,7 +112,11 @@ class Shape:
     ``slots="pages"`` (a prefill's: consecutive tokens fill whole pages, the pages in a random
     order).
     ``op="ragged_logits"``: causal prefill of the last ``B`` tokens of a ``ctx``-token sequence:
-    query ``i`` sees keys ``[0, ctx - B + i + 1)`` (DeepGEMM ``fp8_mqa_logits`` semantics).
+    query ``i`` sees keys ``[0, ctx - B + i + 1)`` (DeepGEMM ``fp8_mqa_logits`` semantics): ``B`` is
+    the number of queries S and ``ctx`` the number of keys N.
+
+    Raises:
+        ValueError: ``slots`` given for an op other than store, or not one of ``STORE_SLOTS``.
     """
 
     op: str
@@ -133,6 +137,7 @@ class Shape:
             object.__setattr__(self, "slots", None)
 
     def label(self) -> str:
+        """The shape in words, as the bench's progress lines print it."""
         if self.op == "store":
             return f"store N={self.N}" + (" pages" if self.slots == "pages" else "")
         if self.op == "ragged_logits":
@@ -451,6 +456,7 @@ class CudaTimer:
         return cycles / statistics.median(ts)
 
     def cycles(self, us: float) -> int:
+        """``torch.cuda._sleep`` cycles for a spin of about ``us`` microseconds (at least 1)."""
         return max(1, int(us * self.cycles_per_us))
 
     def time(self, fn: Callable[[int], Any], n_sets: int, runs: int, warmup: int,
@@ -713,6 +719,9 @@ class Bench:
         reruns: bitwise-determinism reruns of paged_logits.
         l2_target / max_sets: the rotated input sets total at least ``l2_target`` bytes, using
             at most ``max_sets`` sets (then an L2 scrub is added on CUDA).
+        seed: seed of the random inputs.
+        deepgemm: the imported ``deep_gemm`` module to time side by side on the fp8 page-tail
+            layout (its ``fp8_paged_mqa_logits`` on the same inputs), or None.
         log: where progress lines go (default: print to stdout, flushed).
     """
 
@@ -1122,9 +1131,13 @@ def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | No
         JSON-serialisable rows: first ``op="meta"`` (card, versions, date, ``copy_GBps``...),
         then one per (spec, shape) with ``us`` (median, microseconds), ``bytes``, ``GBps``,
         ``pct_copy_bw``, ``fallback_us``, ``speedup_vs_fallback``, ``deepgemm_us``,
-        ``deepgemm_pct_copy_bw``, ``bitwise_20_reruns`` (paged_logits) and more.
+        ``deepgemm_pct_copy_bw``, ``bitwise_20_reruns`` (paged_logits) and more. A spec whose
+        ops fail to build or load gives one ``op="load"`` row with ``error`` set instead of
+        raising, so the other specs still run; a failing shape's row carries ``error`` too.
     Raises:
         RuntimeError: no CUDA device.
+        TypeError, ValueError: a ``shapes`` entry that is not a :class:`Shape` or a dict of its
+            fields.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("dsagen bench needs a CUDA device (torch.cuda.is_available() is False; "

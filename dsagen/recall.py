@@ -95,10 +95,12 @@ class Inputs:
 
     @property
     def num_queries(self) -> int:
+        """Query rows (``q.shape[0]``)."""
         return self.q.shape[0]
 
     @property
     def num_keys(self) -> int:
+        """Keys (tokens) scored per query (``k.shape[0]``)."""
         return self.k.shape[0]
 
 
