@@ -74,10 +74,14 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num
     defaults to ``context_lens.shape[1]`` for 2-D ``context_lens``, else 1. Make it again when
     ``context_lens`` or ``block_table`` change.
 
+    ``num_sms`` only sizes the placeholder: a dsagen schedule always has one row per SM of
+    ``block_table``'s device (``[0, 136]`` on the CPU backend, whose kernel needs none).
+
     Raises:
         ValueError: ``block_kv`` differs from the spec's page size, or only one of
             ``block_table`` and ``max_context_len`` is given.
         RuntimeError: (with ``block_table``) the shapes do not match the spec's ops.
+        dsagen.jit.BuildError: the first call builds the ops and the build fails.
     """
     ops = _ops()
     if block_kv != ops.spec.page_size:
@@ -146,8 +150,10 @@ def fp8_mqa_logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor | None]
 
     Args:
         q: ``[S, num_heads, head_dim]`` (e4m3 for the fp8 layout).
-        kv: ``(k [N, head_dim]`` in the key dtype, ``k_scale`` fp32 ``[N]``) -- e.g. from
-            :meth:`dsagen.serving.IndexerKCache.gather`; ``k_scale`` None for bf16 keys.
+        kv: ``(k [N, head_dim]`` in the key dtype, ``k_scale`` fp32 ``[N]`` or
+            ``[N, scales_per_token]``) -- e.g. from :meth:`dsagen.serving.IndexerKCache.gather`
+            (which gives ``[N, scales_per_token]``; e2m1 keys as uint8 ``[N, head_dim/2]``);
+            ``k_scale`` None for bf16 keys.
         weights: fp32 ``[S, num_heads]``.
         cu_seqlen_ks, cu_seqlen_ke: int32 ``[S]``: query ``s`` sees keys ``[ks[s], ke[s])``.
         clean_logits: ``-inf`` outside the range.

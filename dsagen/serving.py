@@ -65,7 +65,8 @@ class IndexerKCache:
         return self.spec.bytes_per_token
 
     def layer(self, layer: int) -> torch.Tensor:
-        """uint8 ``[num_pages, page_bytes]`` view of one layer (contiguous, its own offset)."""
+        """uint8 ``[num_pages, page_bytes]`` view of one layer (contiguous, its own offset).
+        Raises IndexError for a layer outside ``[0, num_layers)``."""
         if not 0 <= layer < self.num_layers:
             raise IndexError(f"layer {layer} not in [0, {self.num_layers})")
         start = layer * self.layer_stride
@@ -74,7 +75,8 @@ class IndexerKCache:
 
     def layer_scales(self, layer: int) -> torch.Tensor | None:
         """uint8 ``[num_pages, scale_page_bytes]`` view of one layer's scales (contiguous, its own
-        offset in ``scale_pool``) for a ``separate`` spec; None for the other placements."""
+        offset in ``scale_pool``) for a ``separate`` spec; None for the other placements.
+        Raises IndexError for a layer outside ``[0, num_layers)``."""
         if not 0 <= layer < self.num_layers:
             raise IndexError(f"layer {layer} not in [0, {self.num_layers})")
         if self.scale_pool is None:
