@@ -280,6 +280,34 @@ def bench(specs, json_out, quick, tuning):
 
 
 @main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--spec", "spec_name", default=None, help="Only this spec's rows (its name).")
+@click.option("--op", type=click.Choice(["paged_logits", "store", "ragged_logits"]), default=None,
+              help="Only this op's rows.")
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
+              help="Also draw % of copy bandwidth per shape (PNG, SVG or PDF by the suffix).")
+def report(files, spec_name, op, plot_out):
+    """Summarize `dsagen bench --json` FILES: per spec, op and shape, each figure's median and
+    range over the files, as Markdown (no GPU needed)."""
+    from .report import load_runs, markdown, plot, summarize
+    _writable(plot_out, "--plot")
+    try:
+        runs = load_runs(files)
+    except ValueError as e:
+        raise UsageFailure(str(e)) from None
+    sums = summarize(runs, spec=spec_name, op=op)
+    if not sums:
+        raise UsageFailure("no bench rows" + (f" of spec {spec_name}" if spec_name else "")
+                           + (f" of op {op}" if op else "") + " in these files")
+    click.echo(markdown(runs, sums), nl=False)
+    if plot_out:
+        try:
+            click.echo(f"wrote {plot(sums, plot_out)}")
+        except ValueError as e:
+            raise UsageFailure(f"--plot: {e}") from None
+
+
+@main.command()
 @click.argument("specs", nargs=-1, required=True, type=click.Path())
 @click.option("--arch", default="sm_90a,sm_100a", show_default=True,
               help="Comma list of CUDA targets to build (each intersected with the spec's targets).")
