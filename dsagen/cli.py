@@ -289,8 +289,10 @@ def bench(specs, json_out, quick, tuning):
 def report(files, spec_name, op, plot_out):
     """Summarize `dsagen bench --json` FILES: per spec, op and shape, each figure's median and
     range over the files, as Markdown (no GPU needed)."""
-    from .report import load_runs, markdown, plot, summarize
+    from .report import PLOT_SUFFIXES, load_runs, markdown, plot, summarize
     _writable(plot_out, "--plot")
+    if plot_out and Path(plot_out).suffix.lower() not in PLOT_SUFFIXES:
+        raise UsageFailure(f"--plot {plot_out}: the file name must end in {', '.join(PLOT_SUFFIXES)}")
     try:
         runs = load_runs(files)
     except ValueError as e:
@@ -303,7 +305,7 @@ def report(files, spec_name, op, plot_out):
     if plot_out:
         try:
             click.echo(f"wrote {plot(sums, plot_out)}")
-        except ValueError as e:
+        except (ValueError, OSError) as e:
             raise UsageFailure(f"--plot: {e}") from None
 
 

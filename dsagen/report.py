@@ -11,6 +11,7 @@ range over independent runs; this module computes those ranges from the JSON the
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ COLUMNS = (
 )
 OPS = ("paged_logits", "store", "ragged_logits")
 EXTRA = ("deepgemm_pct_copy_bw",)   # collected for the chart, not a table column
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 @dataclass
@@ -48,16 +50,19 @@ def load_runs(paths) -> list[Run]:
     """Read bench JSON files (lists of row objects, as ``dsagen bench --json`` writes them).
 
     Raises:
-        ValueError: a file that is not JSON or not a list of objects (the message names it).
-        OSError: a file that cannot be read.
+        ValueError: a file that cannot be read, is not UTF-8 JSON or not a list of objects (the
+            message names it).
     """
     runs = []
     for p in paths:
-        text = Path(p).read_text(encoding="utf-8")
+        try:
+            text = Path(p).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{p}: cannot read it as text ({e})") from None
         try:
             rows = json.loads(text)
-        except ValueError as e:
-            raise ValueError(f"{p}: not JSON ({e})") from None
+        except (ValueError, RecursionError) as e:
+            raise ValueError(f"{p}: not JSON ({str(e)[:200]})") from None
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise ValueError(f"{p}: not a dsagen bench file (expected a JSON list of row objects)")
         meta = next((r for r in rows if r.get("op") == "meta"), {})
@@ -65,17 +70,24 @@ def load_runs(paths) -> list[Run]:
     return runs
 
 
+def _atom(v: Any) -> Any:
+    """A row's identity field as a hashable scalar (lists and objects by their JSON text)."""
+    return v if v is None or isinstance(v, (str, int, float, bool)) else json.dumps(v, sort_keys=True)
+
+
 def shape_key(row: dict[str, Any]) -> tuple:
     """(spec, op, shape) identity of a row: paged_logits ``B, next_n, ctx``; store ``N, slots``;
     ragged_logits ``S, N`` (the bench's ``B`` and ``ctx``)."""
-    op = row.get("op")
+    def g(f: str) -> Any:
+        return _atom(row.get(f))
+    op = g("op")
     if op == "store":
-        shape = ("N", row.get("N"), row.get("slots") or "random")
+        shape = ("N", g("N"), g("slots") or "random")
     elif op == "ragged_logits":
-        shape = ("S", row.get("B"), row.get("ctx"))
+        shape = ("S", g("B"), g("ctx"))
     else:
-        shape = ("B", row.get("B"), row.get("next_n"), row.get("ctx"))
-    return (row.get("spec"), op, shape)
+        shape = ("B", g("B"), g("next_n"), g("ctx"))
+    return (g("spec"), op, shape)
 
 
 def shape_label(key: tuple) -> str:
@@ -117,7 +129,12 @@ def summarize(runs: list[Run], spec: str | None = None, op: str | None = None) -
             for f in [c[1] for c in COLUMNS] + list(EXTRA):
                 v = r.get(f)
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    s.values.setdefault(f, []).append(float(v))
+                    try:
+                        v = float(v)
+                    except OverflowError:
+                        continue
+                    if math.isfinite(v):             # NaN / inf figures are left out
+                        s.values.setdefault(f, []).append(v)
             b = r.get("bitwise_20_reruns")
             if isinstance(b, bool):
                 s.bitwise = b if s.bitwise is None else (s.bitwise and b)
@@ -128,10 +145,11 @@ def _cell(vals: list[float], fmt: str) -> str:
     """``median (min-max)``, or the one value, or ``-``."""
     if not vals:
         return "-"
-    lo, hi, med = min(vals), max(vals), statistics.median(vals)
+    lo, hi, med = (format(v, fmt) for v in (min(vals), max(vals), statistics.median(vals)))
     if lo == hi:
-        return format(lo, fmt)
-    return f"{format(med, fmt)} ({format(lo, fmt)}-{format(hi, fmt)})"
+        return lo
+    sep = " to " if lo.startswith("-") or hi.startswith("-") else "-"
+    return f"{med} ({lo}{sep}{hi})"
 
 
 def markdown(runs: list[Run], summaries: list[Summary]) -> str:
@@ -143,23 +161,28 @@ def markdown(runs: list[Run], summaries: list[Summary]) -> str:
     lines = ["| file | card | date | git | copy GB/s |", "|---|---|---|---|---|"]
     for r in runs:
         m = r.meta
-        lines.append(f"| {r.path} | {m.get('card', '?')} | {str(m.get('date', '?'))[:10]} | "
-                     f"{m.get('git', '?')} | {m.get('copy_GBps', '?')} |")
+        cells = [r.path, m.get("card"), str(m.get("date") or "?")[:10], m.get("git"), m.get("copy_GBps")]
+        lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
     groups: dict[tuple, list[Summary]] = {}
     for s in summaries:
         groups.setdefault(s.key[:2], []).append(s)
     for (spec, op), rows in groups.items():
         cols = [(h, f, fmt) for h, f, fmt in COLUMNS if any(s.values.get(f) for s in rows)]
-        lines += ["", f"**{spec} {op}**", "",
-                  "| shape | runs | " + " | ".join(h for h, _f, _fmt in cols) + " | bitwise |",
-                  "|---|---|" + "---|" * len(cols) + "---|"]
+        head = ["shape", "runs"] + [h for h, _f, _fmt in cols] + ["bitwise"]
+        lines += ["", f"**{_md(spec)} {_md(op)}**", "", "| " + " | ".join(head) + " |",
+                  "|" + "---|" * len(head)]
         for s in rows:
             runs_cell = str(s.runs) + (f" (+{s.errors} failed)" if s.errors else "")
             bit = "-" if s.bitwise is None else ("yes" if s.bitwise else "**NO**")
-            lines.append(f"| {shape_label(s.key)} | {runs_cell} | "
-                         + " | ".join(_cell(s.values.get(f, []), fmt) for _h, f, fmt in cols)
-                         + f" | {bit} |")
+            cells = ([_md(shape_label(s.key)), runs_cell]
+                     + [_cell(s.values.get(f, []), fmt) for _h, f, fmt in cols] + [bit])
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _md(v: Any) -> str:
+    """A table cell: ``?`` for a missing value, one line, pipes escaped."""
+    return "?" if v is None else " ".join(str(v).split()).replace("|", "\\|")
 
 
 def plot(summaries: list[Summary], path: str | Path, field_name: str = "pct_copy_bw") -> Path:
@@ -169,8 +192,12 @@ def plot(summaries: list[Summary], path: str | Path, field_name: str = "pct_copy
     by its suffix). Returns the path.
 
     Raises:
-        ValueError: no summary has ``field_name``.
+        ValueError: no summary has ``field_name``, or ``path``'s suffix is not one of
+            ``PLOT_SUFFIXES``.
+        OSError: the file cannot be written.
     """
+    if Path(path).suffix.lower() not in PLOT_SUFFIXES:
+        raise ValueError(f"{path}: the chart's file name must end in {', '.join(PLOT_SUFFIXES)}")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

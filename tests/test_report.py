@@ -107,3 +107,50 @@ def test_cli_errors_are_one_line(tmp_path):
     assert r.exit_code == 2 and "no bench rows of spec nope" in r.output
     r = CliRunner().invoke(main, ["report", str(ok), "--op", "store", "--plot", str(tmp_path / "no" / "x.png")])
     assert r.exit_code == 2 and "cannot write there" in r.output
+
+
+def _table_ok(md: str) -> None:
+    """Every Markdown table row has as many cells as its header."""
+    n = None
+    for line in md.splitlines():
+        if not line.startswith("|"):
+            n = None
+            continue
+        cells = len(line.replace("\\|", "").split("|")) - 2
+        n = cells if n is None else n
+        assert cells == n, (line, n)
+
+
+def test_odd_rows_stay_well_formed(tmp_path):
+    """A spec whose rows all failed, NaN / inf / huge / non-numeric figures, list-valued shape
+    fields and pipes in names: a well-formed table, those figures left out, no crash."""
+    rows = [{"op": "meta", "git": None, "card": "a|b"},
+            {"spec": "s", "op": "paged_logits", "B": 1, "next_n": 1, "ctx": 8, "error": "OOM"},
+            {"spec": "t", "op": "paged_logits", "B": [1], "next_n": 1, "ctx": 8, "us": 2.0},
+            {"spec": "u", "op": "store", "N": 4, "us": float("nan")},
+            {"spec": "u", "op": "store", "N": 4, "us": 1.0},
+            {"spec": "u", "op": "store", "N": 4, "us": float("inf")},
+            {"spec": "u", "op": "store", "N": 4, "us": "fast"},
+            {"spec": "u", "op": "store", "N": 4, "us": "HUGE"},
+            {"spec": "u", "op": "store", "N": 4, "us": 3.0}]
+    f = tmp_path / "odd.json"
+    f.write_text(json.dumps(rows).replace('"HUGE"', "1" + "0" * 400))     # past float range
+    md = R.markdown(R.load_runs([f]), R.summarize(R.load_runs([f])))
+    _table_ok(md)
+    assert "| 0 (+1 failed) |" in md and "a\\|b" in md and "| ? |" in md
+    assert "| N=4 random | 6 | 2.00 (1.00-3.00) |" in md, md       # NaN / inf / huge / strings left out
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(ValueError, match="deep.json: not JSON"):
+        R.load_runs([deep])
+
+
+def test_plot_suffix_is_checked_first(tmp_path):
+    ok = tmp_path / "ok.json"
+    _bench_file(ok, random.Random())
+    for name in ("out", "out.", "x.pgf", "x.txt"):
+        r = CliRunner().invoke(main, ["report", str(ok), "--plot", str(tmp_path / name)])
+        assert r.exit_code == 2 and "must end in .png, .svg, .pdf" in r.output, r.output
+        assert "**fp8_e4m3_page64" not in r.output                # before any table
+    r = CliRunner().invoke(main, ["report", str(ok), "--plot", str(tmp_path / "c.svg")])
+    assert r.exit_code == 0 and (tmp_path / "c.svg").read_text().lstrip().startswith("<?xml")
