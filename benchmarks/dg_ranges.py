@@ -3,6 +3,9 @@
 For each fp8 paged-logits shape with a DeepGEMM figure: dsagen's time from a schedule, DeepGEMM's,
 the sequential and (where present) paired ratios, per file and as min-max; then the bf16 % of
 copy and the store rows. Usage: python benchmarks/dg_ranges.py FILE.json...
+
+Kept for the RESULTS.md sections that cite it; `dsagen report FILE.json...` (dsagen/report.py)
+gives every figure's median and range per spec, op and shape, as Markdown, for any bench file.
 """
 import json
 import sys
