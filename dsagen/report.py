@@ -141,20 +141,21 @@ def summarize(runs: list[Run], spec: str | None = None, op: str | None = None) -
     return list(out.values())
 
 
-def _cell(vals: list[float], fmt: str) -> str:
-    """``median (min-max)``, or the one value, or ``-``."""
+def _cell(vals: list[float], fmt: str, runs: int = 0) -> str:
+    """``median (min-max)``, or the one value, or ``-``; `` [n]`` after it where only ``n`` of
+    the row's ``runs`` files had the figure."""
     if not vals:
         return "-"
     lo, hi, med = (format(v, fmt) for v in (min(vals), max(vals), statistics.median(vals)))
-    if lo == hi:
-        return lo
     sep = " to " if lo.startswith("-") or hi.startswith("-") else "-"
-    return f"{med} ({lo}{sep}{hi})"
+    out = lo if lo == hi else f"{med} ({lo}{sep}{hi})"
+    return out + (f" [{len(vals)}]" if len(vals) < runs else "")
 
 
 def markdown(runs: list[Run], summaries: list[Summary]) -> str:
     """The runs (file, card, date, git, copy GB/s) and one Markdown table per (spec, op) with a
-    row per shape: run count, each figure as ``median (min-max)`` over the runs, and whether
+    row per shape: run count, each figure as ``median (min-max)`` over the runs (`` [n]``
+    where only ``n`` of them had it), and whether
     every run was bitwise identical over its reruns. Units: us = microseconds; % copy = of the
     device-to-device copy bandwidth measured in the same run; x = speed-up (DeepGEMM's time
     over dsagen's for the DeepGEMM columns)."""
@@ -175,7 +176,7 @@ def markdown(runs: list[Run], summaries: list[Summary]) -> str:
             runs_cell = str(s.runs) + (f" (+{s.errors} failed)" if s.errors else "")
             bit = "-" if s.bitwise is None else ("yes" if s.bitwise else "**NO**")
             cells = ([_md(shape_label(s.key)), runs_cell]
-                     + [_cell(s.values.get(f, []), fmt) for _h, f, fmt in cols] + [bit])
+                     + [_cell(s.values.get(f, []), fmt, s.runs) for _h, f, fmt in cols] + [bit])
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -138,7 +138,7 @@ def test_odd_rows_stay_well_formed(tmp_path):
     md = R.markdown(R.load_runs([f]), R.summarize(R.load_runs([f])))
     _table_ok(md)
     assert "| 0 (+1 failed) |" in md and "a\\|b" in md and "| ? |" in md
-    assert "| N=4 random | 6 | 2.00 (1.00-3.00) |" in md, md       # NaN / inf / huge / strings left out
+    assert "| N=4 random | 6 | 2.00 (1.00-3.00) [2] |" in md, md   # NaN / inf / huge / strings left out
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(ValueError, match="deep.json: not JSON"):
@@ -154,3 +154,18 @@ def test_plot_suffix_is_checked_first(tmp_path):
         assert "**fp8_e4m3_page64" not in r.output                # before any table
     r = CliRunner().invoke(main, ["report", str(ok), "--plot", str(tmp_path / "c.svg")])
     assert r.exit_code == 0 and (tmp_path / "c.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_partial_columns_say_how_many_runs_had_them(tmp_path):
+    rng = random.Random()
+    files = []
+    for i in range(3):
+        f = tmp_path / f"r{i}.json"
+        _bench_file(f, rng, drop_dg=(i > 0))         # DeepGEMM figures in one file of three
+        files.append(f)
+    md = R.markdown(R.load_runs(files), R.summarize(R.load_runs(files), op="paged_logits"))
+    _table_ok(md)
+    row = next(l for l in md.splitlines() if l.startswith("| B=32 next_n=1 ctx=8192 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "3" and not cells[2].endswith("]")           # us: all three runs
+    assert sum(c.endswith(" [1]") for c in cells) == 2               # DeepGEMM us and its ratio
