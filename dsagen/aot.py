@@ -174,23 +174,29 @@ def prune(root: Path | None = None, everything: bool = False, older_than_days: f
     return gone
 
 
+_AUX = (("render memo", RENDER_MEMO), ("template bytecode", JINJA_CACHE))
+
+
+def _aux_files(d: Path):
+    """``(path, stat)`` of each file under ``d`` (none if it is missing), skipping those that
+    another process renames or removes while they are listed."""
+    for f in (list(d.rglob("*")) if d.is_dir() else []):
+        try:
+            if f.is_file():
+                yield f, f.stat()
+        except OSError:
+            continue
+
+
 def aux_dirs(root: Path | None = None) -> list[tuple[str, Path, int, int]]:
     """The cache's two folders that are not build entries: ``(what, path, files, bytes)`` for
     the render memo (``rendered/``, bounded to ``codegen.RENDER_MEMO_MAX`` renders) and Jinja's
     template bytecode (``jinja-bytecode/``). Missing folders count 0."""
     root = root or config.cache_root()
     out = []
-    for what, name in (("render memo", RENDER_MEMO), ("template bytecode", JINJA_CACHE)):
-        d = root / name
-        n = size = 0
-        for f in (d.rglob("*") if d.is_dir() else ()):
-            try:                       # another process may rename or remove it meanwhile
-                if f.is_file():
-                    size += f.stat().st_size
-                    n += 1
-            except OSError:
-                pass
-        out.append((what, d, n, size))
+    for what, name in _AUX:
+        sizes = [st.st_size for _f, st in _aux_files(root / name)]
+        out.append((what, root / name, len(sizes), sum(sizes)))
     return out
 
 
@@ -206,15 +212,11 @@ def prune_aux(root: Path | None = None, everything: bool = False,
     root = root or config.cache_root()
     now = time.time()
     n = size = 0
-    for name in (RENDER_MEMO, JINJA_CACHE):
-        d = root / name
-        for f in (list(d.rglob("*")) if d.is_dir() else []):
+    for _what, name in _AUX:
+        for f, st in _aux_files(root / name):
+            if not (everything or (now - st.st_mtime) / 86400 > older_than_days):
+                continue
             try:
-                if not f.is_file():
-                    continue
-                st = f.stat()
-                if not (everything or (now - st.st_mtime) / 86400 > older_than_days):
-                    continue
                 f.unlink()
             except OSError:
                 continue

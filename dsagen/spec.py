@@ -430,12 +430,10 @@ def load_spec(path: str | Path) -> Spec:
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
         if data is None:
-            def blank(ln: str) -> bool:     # no content: blank, comment, directive, bare marker
-                ln = ln.strip()
-                if ln[:3] in ("---", "..."):
-                    ln = ln[3:].strip()
-                return not ln or ln.startswith(("#", "%"))
-            empty = all(blank(ln) for ln in text.lstrip("\ufeff").splitlines())
+            # PyYAML's own node tells an empty stream or bare document ("" plain scalar) from
+            # an explicit null (null, ~, !!null '')
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+            empty = node is None or (node.value == "" and node.style is None)
             raise SpecError(str(path), "", ("the file is empty" if empty else "the document is null")
                             + " (a spec is a YAML mapping; see specs/ for the format)")
         return _parse(data, str(path))
