@@ -162,6 +162,41 @@ def test_portable_kernels_verify(dsagen_spec, seed, repro, portable):
     assert rep.passed, f"{repro}\n{rep.table()}"
 
 
+# shapes of the portable mma kernel that no shipped spec or variant has: 128 heads (shipped
+# specs have 64, the variants 16), at head_dim 128 and 64 (next_n up to 4)
+MMA_128_HEADS = [("fp8_e4m3_page64", 128, [1, 2]), ("fp8_e4m3_page64", 64, [1, 2, 4]),
+                 ("bf16_page64", 128, [1, 2]), ("bf16_page64", 64, [1, 2])]
+
+
+@pytest.mark.parametrize("portable", ["mma", "mma_widen"])
+@pytest.mark.parametrize("base,head_dim,next_n", MMA_128_HEADS,
+                         ids=[f"{b}-d{d}" for b, d, _ in MMA_128_HEADS])
+def test_portable_mma_128_heads(base, head_dim, next_n, portable, seed, repro):
+    """``paged_logits_mma`` with 128 heads: the launch picks it at every next_n, and its full
+    CUDA verification sweep passes (fresh random inputs, NaN-poisoned outputs, float64
+    reference, 3 bit-identical reruns), in the form named."""
+    import dsagen
+    from dsagen.codegen import mma_widens, paged_logits_kernel
+    from dsagen.spec import Spec, load_spec, shipped_spec_paths
+    d = load_spec(next(p for p in shipped_spec_paths() if p.stem == base)).to_dict()
+    d.pop("page_stride_bytes", None)
+    d.update(name=f"{base}_d{head_dim}_h128", head_dim=head_dim,
+             logits={"num_heads": 128, "next_n": next_n})
+    d["scale"]["block"] = min(d["scale"]["block"], head_dim)
+    spec = Spec.from_dict(d, source=f"<{d['name']}>")
+    if portable == "mma_widen" and spec.key_dtype != "e4m3":
+        pytest.skip("mma_widen changes e4m3 keys only")
+    tuning = PORTABLE_TUNINGS[portable]
+    props = torch.cuda.get_device_properties(0)
+    for nn in next_n:
+        assert paged_logits_kernel(spec, nn, 64, 4096, props.multi_processor_count, props.major,
+                                   tuning) == "mma", nn
+    assert mma_widens(spec, tuning) == (portable == "mma_widen")
+    ops = dsagen.load(spec, tuning=tuning, with_cuda=True)
+    rep = verify(spec, ops, "cuda", seed=seed, reruns=3)
+    assert rep.passed, f"{repro}\n{rep.table()}"
+
+
 @pytest.mark.parametrize("two_d", [False, True], ids=["ctx1d", "ctx2d"])
 def test_bitwise_identical_reruns_and_close_to_cpu(dsagen_spec, cuda_ops, gen, repro, two_d):
     spec = dsagen_spec
