@@ -163,9 +163,11 @@ def test_portable_kernels_verify(dsagen_spec, seed, repro, portable):
 
 
 # shapes of the portable mma kernel that no shipped spec or variant has: 128 heads (shipped
-# specs have 64, the variants 16), at head_dim 128 and 64 (next_n up to 4)
-MMA_128_HEADS = [("fp8_e4m3_page64", 128, [1, 2]), ("fp8_e4m3_page64", 64, [1, 2, 4]),
-                 ("bf16_page64", 128, [1, 2]), ("bf16_page64", 64, [1, 2])]
+# specs have 64, the variants 16) at head_dim 64, 128 and 256 (next_n up to 4), one scale per
+# token (the head_dim 256 variants have two, which takes the CUDA-core kernel)
+MMA_128_HEADS = [("fp8_e4m3_page64", 128, [1, 2, 4]), ("fp8_e4m3_page64", 64, [1, 2, 4]),
+                 ("fp8_e4m3_page64", 256, [1, 2]), ("bf16_page64", 128, [1, 2]),
+                 ("bf16_page64", 256, [1, 2])]
 
 
 @pytest.mark.parametrize("portable", ["mma", "mma_widen"])
@@ -182,7 +184,7 @@ def test_portable_mma_128_heads(base, head_dim, next_n, portable, seed, repro):
     d.pop("page_stride_bytes", None)
     d.update(name=f"{base}_d{head_dim}_h128", head_dim=head_dim,
              logits={"num_heads": 128, "next_n": next_n})
-    d["scale"]["block"] = min(d["scale"]["block"], head_dim)
+    d["scale"]["block"] = head_dim
     spec = Spec.from_dict(d, source=f"<{d['name']}>")
     if portable == "mma_widen" and spec.key_dtype != "e4m3":
         pytest.skip("mma_widen changes e4m3 keys only")
