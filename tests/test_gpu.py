@@ -163,8 +163,8 @@ def test_portable_kernels_verify(dsagen_spec, seed, repro, portable):
 
 
 # shapes of the portable mma kernel that no shipped spec or variant has: 128 heads (shipped
-# specs have 64, the variants 16) at head_dim 64, 128 and 256 (next_n up to 4), one scale per
-# token (the head_dim 256 variants have two, which takes the CUDA-core kernel)
+# specs have 64, the variants 8-64) at head_dim 64, 128 and 256 (next_n up to 4), one scale per
+# token (the scaled head_dim 256 variants have two, which takes the CUDA-core kernel)
 MMA_128_HEADS = [("fp8_e4m3_page64", 128, [1, 2, 4]), ("fp8_e4m3_page64", 64, [1, 2, 4]),
                  ("fp8_e4m3_page64", 256, [1, 2]), ("bf16_page64", 128, [1, 2]),
                  ("bf16_page64", 256, [1, 2])]
@@ -179,6 +179,7 @@ def test_portable_mma_128_heads(base, head_dim, next_n, portable, seed, repro):
     reference, 3 bit-identical reruns), in the form named."""
     import dsagen
     from dsagen.codegen import mma_widens, paged_logits_kernel
+    from dsagen.ops import cuda_archs
     from dsagen.spec import Spec, load_spec, shipped_spec_paths
     d = load_spec(next(p for p in shipped_spec_paths() if p.stem == base)).to_dict()
     d.pop("page_stride_bytes", None)
@@ -188,6 +189,8 @@ def test_portable_mma_128_heads(base, head_dim, next_n, portable, seed, repro):
     spec = Spec.from_dict(d, source=f"<{d['name']}>")
     if portable == "mma_widen" and spec.key_dtype != "e4m3":
         pytest.skip("mma_widen changes e4m3 keys only")
+    if not cuda_archs(spec):
+        pytest.skip("the device matches none of the spec's targets")
     tuning = PORTABLE_TUNINGS[portable]
     props = torch.cuda.get_device_properties(0)
     for nn in next_n:
@@ -195,6 +198,7 @@ def test_portable_mma_128_heads(base, head_dim, next_n, portable, seed, repro):
                                    tuning) == "mma", nn
     assert mma_widens(spec, tuning) == (portable == "mma_widen")
     ops = dsagen.load(spec, tuning=tuning, with_cuda=True)
+    assert ops.has_cuda
     rep = verify(spec, ops, "cuda", seed=seed, reruns=3)
     assert rep.passed, f"{repro}\n{rep.table()}"
 
