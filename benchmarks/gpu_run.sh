@@ -11,6 +11,9 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee $OUT/gpu.txt
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a $OUT/gpu.txt
+# the card's short name (h200, h100, ...) names the bench outputs, so an H100 run is not filed as h200
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '\b[a-z]{1,2}[0-9]{2,3}\b' | head -1 | tr 'A-Z' 'a-z')
+CARD=${CARD:-gpu}
 steps=${@:-compile quick}
 # the environment of a deep_gemm provider (dgbench, abdg): headers and libraries from DG_DIR
 # (default .whl/dg), the provider's package directory ($1) on PYTHONPATH
@@ -33,7 +36,7 @@ for s in $steps; do
     compile) python3 -m dsagen.cli compile ${SPECS:-specs/*.yaml} ${COMPILE_ARGS:-} --json $OUT/compile.json 2>&1 | tee $OUT/compile.log ;;
     doctor) python3 -m dsagen.cli doctor 2>&1 | tee $OUT/doctor.log ;;
     startup) python3 benchmarks/startup.py ${SPECS:-specs/*.yaml} --runs ${STARTUP_RUNS:-5} ${STARTUP_ARGS:-} --json $OUT/startup.json 2>&1 | tee $OUT/startup.log ;;
-    benchall) DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json python3 -m dsagen.cli bench ${SPECS:-specs/*.yaml} --json $OUT/h200.json 2>&1 | tee $OUT/bench.log ;;
+    benchall) DSAGEN_BENCH_PARTIAL=$OUT/${CARD}_partial.json python3 -m dsagen.cli bench ${SPECS:-specs/*.yaml} --json $OUT/${CARD}.json 2>&1 | tee $OUT/bench.log ;;
     compat) timeout ${COMPAT_TIMEOUT:-300} python3 -m pytest -q -rs tests/test_compat.py 2>&1 | tee $OUT/compat.log ;;
     recall) timeout ${RECALL_TIMEOUT:-400} python3 -m dsagen.cli recall specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml \
               --device cuda --out $OUT/recall 2>&1 | tee $OUT/recall.log ;;
@@ -69,7 +72,8 @@ for s in $steps; do
       ( dg_env benchmarks/dg_harness
         timeout ${AB_TIMEOUT:-300} python3 benchmarks/ab_dg.py 2>&1 | tee $OUT/ab_dg.log ) ;;
     dgbench) # DeepGEMM side by side: dsagen bench of DG_SPECS (default fp8_e4m3_page64 and bf16_page64: one
-      # run with every figure of h200.json) with a deep_gemm provider on PYTHONPATH.
+      # run with every figure of h200.json; written to $OUT/${CARD}_dg.json, e.g. h100_dg.json on an
+      # H100) with a deep_gemm provider on PYTHONPATH.
       # DG_DIR (default .whl/dg, carried with .whl) holds deep_gemm/ (e.g. unzipped from the sgl-kernel wheel)
       # and lib/ (libraries it lacks: libcudart.so.12, a stand-in libnvrtc.so.12). DG_PATH (default DG_DIR)
       # goes on PYTHONPATH; DG_PATH=benchmarks/dg_harness runs DeepGEMM's sm90 kernel from DG_DIR's headers
@@ -77,9 +81,9 @@ for s in $steps; do
       ( dg_env ${DG_PATH:-${DG_DIR:-$PWD/.whl/dg}}
         timeout 240 python3 -c "import deep_gemm as dg, torch; cl = torch.full((4,), 4096, dtype=torch.int32, device='cuda'); \
 print(dg.__file__, dg.get_num_sms(), tuple(dg.get_paged_mqa_logits_metadata(cl, 64, dg.get_num_sms()).shape))" 2>&1 | tee $OUT/dg_probe.log
-        DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json timeout ${BENCH_TIMEOUT:-420} python3 -m dsagen.cli bench \
-          ${DG_SPECS:-specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml} --json $OUT/h200_dg.json > $OUT/bench_dg.log 2>&1; echo "bench rc $?"; tail -40 $OUT/bench_dg.log ) ;;
-    bench) DSAGEN_BENCH_PARTIAL=$OUT/h200_partial.json python3 -m dsagen.cli bench specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml --json $OUT/h200.json 2>&1 | tee $OUT/bench.log ;;
+        DSAGEN_BENCH_PARTIAL=$OUT/${CARD}_partial.json timeout ${BENCH_TIMEOUT:-420} python3 -m dsagen.cli bench \
+          ${DG_SPECS:-specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml} --json $OUT/${CARD}_dg.json > $OUT/bench_dg.log 2>&1; echo "bench rc $?"; tail -40 $OUT/bench_dg.log ) ;;
+    bench) DSAGEN_BENCH_PARTIAL=$OUT/${CARD}_partial.json python3 -m dsagen.cli bench specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml --json $OUT/${CARD}.json 2>&1 | tee $OUT/bench.log ;;
   esac
 done
 if [ -n "${TUNE_FP8:-}" ]; then
