@@ -139,12 +139,20 @@ def test_portable_kernels_verify(dsagen_spec, seed, repro, portable):
     one for the slow CUDA-core kernel) on every layout they apply to, and every paged-logits call
     of the sweep ran the kernel named (the launch's choice, as
     :func:`dsagen.codegen.paged_logits_kernel` reports it)."""
-    import dsagen
-    from dsagen.codegen import mma_applies, mma_prefetches, mma_widens, paged_logits_kernel
-    from dsagen.ops import cuda_archs
-    spec, tuning = dsagen_spec, PORTABLE_TUNINGS[portable]
-    if portable != "simt" and not mma_applies(spec):
+    from dsagen.codegen import mma_applies
+    if portable != "simt" and not mma_applies(dsagen_spec):
         pytest.skip("paged_logits_mma does not apply to this layout (block scales or e2m1 keys)")
+    _check_portable_verifies(dsagen_spec, portable, seed, repro)
+
+
+def _check_portable_verifies(spec, portable: str, seed: int, repro: str) -> None:
+    """Skips where ``portable`` (a PORTABLE_TUNINGS key) changes nothing or no target matches;
+    else asserts that the launch picks the kernel named at every next_n, in the form named, and
+    that its CUDA verification sweep passes (3 bit-identical reruns)."""
+    import dsagen
+    from dsagen.codegen import mma_prefetches, mma_widens, paged_logits_kernel
+    from dsagen.ops import cuda_archs
+    tuning = PORTABLE_TUNINGS[portable]
     if portable in ("mma_widen", "mma_prefetch") and spec.key_dtype != "e4m3":
         pytest.skip(f"{portable} changes e4m3 keys only")
     if not cuda_archs(spec):
@@ -173,34 +181,17 @@ MMA_128_HEADS = [("fp8_e4m3_page64", 128, [1, 2, 4]), ("fp8_e4m3_page64", 64, [1
 @pytest.mark.parametrize("portable", ["mma", "mma_widen"])
 @pytest.mark.parametrize("base,head_dim,next_n", MMA_128_HEADS,
                          ids=[f"{b}-d{d}" for b, d, _ in MMA_128_HEADS])
-def test_portable_mma_128_heads(base, head_dim, next_n, portable, seed, repro):
+def test_portable_mma_128_heads(shipped, base, head_dim, next_n, portable, seed, repro):
     """``paged_logits_mma`` with 128 heads: the launch picks it at every next_n, and its full
     CUDA verification sweep passes (fresh random inputs, NaN-poisoned outputs, float64
     reference, 3 bit-identical reruns), in the form named."""
-    import dsagen
-    from dsagen.codegen import mma_widens, paged_logits_kernel
-    from dsagen.ops import cuda_archs
-    from dsagen.spec import Spec, load_spec, shipped_spec_paths
-    d = load_spec(next(p for p in shipped_spec_paths() if p.stem == base)).to_dict()
+    from dsagen.spec import Spec
+    d = shipped[base].to_dict()
     d.pop("page_stride_bytes", None)
     d.update(name=f"{base}_d{head_dim}_h128", head_dim=head_dim,
              logits={"num_heads": 128, "next_n": next_n})
     d["scale"]["block"] = head_dim
-    spec = Spec.from_dict(d, source=f"<{d['name']}>")
-    if portable == "mma_widen" and spec.key_dtype != "e4m3":
-        pytest.skip("mma_widen changes e4m3 keys only")
-    if not cuda_archs(spec):
-        pytest.skip("the device matches none of the spec's targets")
-    tuning = PORTABLE_TUNINGS[portable]
-    props = torch.cuda.get_device_properties(0)
-    for nn in next_n:
-        assert paged_logits_kernel(spec, nn, 64, 4096, props.multi_processor_count, props.major,
-                                   tuning) == "mma", nn
-    assert mma_widens(spec, tuning) == (portable == "mma_widen")
-    ops = dsagen.load(spec, tuning=tuning, with_cuda=True)
-    assert ops.has_cuda
-    rep = verify(spec, ops, "cuda", seed=seed, reruns=3)
-    assert rep.passed, f"{repro}\n{rep.table()}"
+    _check_portable_verifies(Spec.from_dict(d, source=f"<{d['name']}>"), portable, seed, repro)
 
 
 @pytest.mark.parametrize("two_d", [False, True], ids=["ctx1d", "ctx2d"])
