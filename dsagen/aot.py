@@ -275,4 +275,6 @@ def doctor() -> list[tuple[str, str]]:
     rows.append(("lock dir", str(config.lock_dir())))
     env = config.settings()
     rows.append(("DSAGEN_* set", ", ".join(f"{k}={v}" for k, v in env.items()) or "none"))
+    for problem in config.check():
+        rows.append(("!! DSAGEN_*", problem))
     return rows

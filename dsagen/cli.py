@@ -40,8 +40,13 @@ def _specs(paths) -> list[Spec]:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dsagen")
-def main():
+@click.pass_context
+def main(ctx):
     """dsagen: generate, build and verify DSA indexer key-cache kernels from a YAML layout spec."""
+    from . import config
+    problems = config.check()
+    if problems and ctx.invoked_subcommand != "doctor":     # doctor lists them instead
+        raise UsageFailure("; ".join(problems))
 
 
 @main.command()

@@ -278,6 +278,7 @@ def effective_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[s
         raise ValueError(f"tuning: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
                          f"(the keys are dsagen.codegen.default_tuning's: {', '.join(sorted(base))})")
     tune = {**base, **given}
+    _check_scalars(tune)
     if tune["kernel"] not in ("ws", "wgmma", "simt"):
         raise ValueError(f"tuning kernel={tune['kernel']!r}: must be 'ws', 'wgmma' or 'simt'")
     tune["ws_stages"] = _norm_ws_stages(spec, tune["ws_stages"])
@@ -299,6 +300,29 @@ def effective_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[s
     if "small" not in given and any(_js(tune[k]) != _js(base[k]) for k in _SMALL_KEYS):
         tune["small"] = {}
     return tune
+
+
+# the plain integer and bool tunings: (key, smallest, largest, a bool allowed); the others
+# (kernel, ws_stages, small, loop, ...) have their own checks
+_SCALAR_TUNINGS = (("stages", 1, 64, False), ("promote", 0, 64, True), ("fuse", 0, 256, False),
+                   ("chains", 0, 2, False), ("maxnreg", 0, 256, False), ("wregs", 0, 256, True),
+                   ("mma_ahead", 0, 256, True), ("math", None, None, True), ("sched", None, None, True))
+
+
+def _check_scalars(tune: dict[str, Any]) -> None:
+    """ValueError naming the tuning where one of :data:`_SCALAR_TUNINGS` is not an integer in
+    its range (or, where allowed, a bool; ``math`` and ``sched`` only a bool), before any
+    arithmetic on it or a namespace is made for it."""
+    for key, lo, hi, bool_ok in _SCALAR_TUNINGS:
+        v = tune[key]
+        if isinstance(v, bool):
+            if bool_ok:
+                continue
+        elif lo is not None and isinstance(v, int) and lo <= v <= hi:
+            continue
+        what = "true or false" if lo is None else (
+            f"an integer from {lo} to {hi}" + (" or true/false" if bool_ok else ""))
+        raise ValueError(f"tuning {key}={v!r}: must be {what}")
 
 
 _AHEAD_DEPENDS = ("kernel", "promote", "chains", "fuse", "loop", "math_wgs", "maxnreg", "wregs")

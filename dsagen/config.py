@@ -47,7 +47,18 @@ def lock_dir() -> Path:
 
 
 def lock_timeout() -> float:
-    return float(os.environ.get("DSAGEN_LOCK_TIMEOUT", "1800"))
+    """``DSAGEN_LOCK_TIMEOUT`` in seconds (default 1800). ValueError naming the variable where it
+    is not a number >= 0."""
+    env = os.environ.get("DSAGEN_LOCK_TIMEOUT", "").strip()
+    if not env:
+        return 1800.0
+    try:
+        v = float(env)
+    except ValueError:
+        v = -1.0
+    if not v >= 0 or v == float("inf"):
+        raise ValueError(f"DSAGEN_LOCK_TIMEOUT={env!r}: must be a number of seconds >= 0")
+    return v
 
 
 def arch_list() -> list[str] | None:
@@ -72,8 +83,30 @@ def extra_nvcc_flags() -> list[str]:
 
 
 def max_jobs() -> int | None:
+    """``DSAGEN_MAX_JOBS`` (None: unset). ValueError naming the variable where it is not an
+    integer >= 1."""
     env = os.environ.get("DSAGEN_MAX_JOBS", "").strip()
-    return int(env) if env else None
+    if not env:
+        return None
+    if not env.isdigit() or int(env) < 1:
+        raise ValueError(f"DSAGEN_MAX_JOBS={env!r}: must be an integer >= 1")
+    return int(env)
+
+
+def check() -> list[str]:
+    """The problems of the set ``DSAGEN_*`` variables that have a format (``DSAGEN_LOCK_TIMEOUT``,
+    ``DSAGEN_MAX_JOBS``, ``DSAGEN_BENCH_METHOD``), one message each; empty when all are good.
+    The CLI refuses to start with any (exit status 2); ``dsagen doctor`` lists them."""
+    out = []
+    for fn in (lock_timeout, max_jobs):
+        try:
+            fn()
+        except ValueError as e:
+            out.append(str(e))
+    m = os.environ.get("DSAGEN_BENCH_METHOD")
+    if m and m not in ("spin", "graph"):
+        out.append(f"DSAGEN_BENCH_METHOD={m!r}: must be 'spin' or 'graph'")
+    return out
 
 
 def jit_disabled() -> bool:

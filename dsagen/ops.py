@@ -245,20 +245,34 @@ class Ops:
         return self._ops.ragged_logits(q, k, k_scale, weights, ks, ke, bool(clean_logits))
 
 
+def _one_device(ns: str, op: str, **tensors) -> None:
+    """RuntimeError, as the real op raises, where the given tensors (None skipped) are not all on
+    one device: the fake (meta / torch.compile) forms of the ops check it too, so a call with
+    one input on the meta device is an error rather than an unfilled result."""
+    devs = {k: t.device for k, t in tensors.items() if t is not None}
+    if len(set(devs.values())) > 1:
+        raise RuntimeError(f"{ns}.{op}: {', '.join(devs)} must be on one device (got "
+                           f"{', '.join(f'{k} on {d}' for k, d in devs.items())})")
+
+
 def _register_fake(ns: str) -> None:
     @torch.library.register_fake(f"{ns}::paged_logits")
     def _fake(q, kv_cache, weights, context_lens, block_table, max_context_len, clean_logits,
               kv_scales=None, schedule=None):
+        _one_device(ns, "paged_logits", q=q, kv_cache=kv_cache, weights=weights, context_lens=context_lens,
+                    block_table=block_table, kv_scales=kv_scales, schedule=schedule)
         return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
 
     @torch.library.register_fake(f"{ns}::paged_logits_schedule")
     def _fake_schedule(context_lens, block_table, next_n, max_context_len):
+        _one_device(ns, "paged_logits_schedule", context_lens=context_lens, block_table=block_table)
         dev = block_table.device
         rows = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 0
         return block_table.new_empty((rows, SCHEDULE_ROW), dtype=torch.int32)
 
     @torch.library.register_fake(f"{ns}::ragged_logits")
     def _fake_ragged(q, k, k_scale, weights, ks, ke, clean_logits):
+        _one_device(ns, "ragged_logits", q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke)
         return q.new_empty((q.shape[0], k.shape[0]), dtype=torch.float32)
 
 

@@ -246,7 +246,7 @@ def valid_mask(context_lens: torch.Tensor, next_n: int, max_context_len: int) ->
         bound = torch.minimum(cl[:, None], cl[:, None] - next_n + i[None, :] + 1)  # [B, next_n]
     else:
         bound = cl
-    return (j[None, None, :] < bound[:, :, None]).reshape(-1, max_context_len)
+    return (j[None, None, :] < bound[:, :, None]).reshape(bound.shape[0] * bound.shape[1], max_context_len)
 
 
 def _check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, spec,
@@ -436,8 +436,8 @@ def fallback_paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     if spec.key.name == "e2m1" or spec.scale_dtype == "ue8m0":
         # no torch dtype views these bytes: decode through the reference's reader
         slots = (torch.arange(B * P, device=q.device)[:, None] * ps + o).reshape(-1)
-        k = dequantize(pages.reshape(B * P, -1), slots, spec,
-                       kv_scales=spages.reshape(B * P, -1) if spec.separate_scales else None)
+        k = dequantize(pages.reshape(B * P, pages.shape[-1]), slots, spec,
+                       kv_scales=spages.reshape(B * P, spages.shape[-1]) if spec.separate_scales else None)
         keys = k.to(torch.bfloat16).view(B, P, ps, D)
     else:
         kidx = key_in_page[:, None] + torch.arange(spec.key_bytes_per_token, device=q.device)

@@ -132,13 +132,26 @@ class IndexerKCache:
             one after another. (Reads ``cu_seq_lens[-1]`` and whether every page id read is
             valid on the host: a prefill-side call, not part of a captured decode step.)
         Raises:
-            ValueError: a page id that a request's keys need is not in ``[0, num_pages)`` (such as
-                the -1 that pads block tables), or a request's keys run past ``block_table``'s
-                columns.
+            ValueError: ``cu_seq_lens`` is not a 1-D integer tensor of ``B+1`` prefix sums (from
+                0, non-decreasing) for ``block_table``'s ``B`` rows, a page id that a request's
+                keys need is not in ``[0, num_pages)`` (such as the -1 that pads block tables), or
+                a request's keys run past ``block_table``'s columns.
             IndexError: ``layer`` out of range.
         """
         ps = self.spec.page_size
+        if block_table.dim() != 2:
+            raise ValueError(f"gather: block_table must be [B, max_pages], got {tuple(block_table.shape)}")
+        B = block_table.shape[0]
+        if (cu_seq_lens.dim() != 1 or cu_seq_lens.shape[0] != B + 1
+                or cu_seq_lens.dtype.is_floating_point or cu_seq_lens.dtype.is_complex
+                or cu_seq_lens.dtype == torch.bool):
+            raise ValueError(f"gather: cu_seq_lens must be an integer [B+1] = [{B + 1}] tensor (prefix sums "
+                             f"of the lengths of block_table's {B} requests), got {cu_seq_lens.dtype} "
+                             f"{tuple(cu_seq_lens.shape)}")
         cu = cu_seq_lens.to(torch.int64)
+        if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
+            raise ValueError(f"gather: cu_seq_lens must start at 0 and never decrease (prefix sums of "
+                             f"lengths), got {cu.tolist() if len(cu) <= 16 else cu}")
         lens = cu[1:] - cu[:-1]
         b = torch.repeat_interleave(torch.arange(len(lens), device=cu.device), lens)
         j = torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][b]

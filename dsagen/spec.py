@@ -214,13 +214,16 @@ class Spec:
         """A re-validated copy with some fields changed (names as in :meth:`to_dict`, flattened).
         Raises SpecError where the result is not a valid spec."""
         d = self.to_dict()
+        if self.scale_dtype == "none":
+            d["scale"]["block"] = None     # no blocks: a new head_dim or scale dtype sets its default
         for k, v in changes.items():
             if k in ("key_dtype",):
                 d["key"]["dtype"] = v
             elif k.startswith("scale_"):
                 d["scale"][k[len("scale_"):]] = v
             elif k in ("num_heads", "next_n"):
-                d["logits"][k] = list(v) if k == "next_n" else v
+                # next_n: a list, or one integer as in YAML (a string is not split into characters)
+                d["logits"][k] = list(v) if k == "next_n" and isinstance(v, (list, tuple)) else v
             else:
                 d[k] = v
         return Spec.from_dict(d, source=self.source)
@@ -355,6 +358,10 @@ def _parse(data: Any, source: str) -> Spec:
     if scale_dtype == "none" and placement == "separate":
         raise SpecError(source, "scale.placement",
                         "'separate' (scales in their own tensor) needs a scale (scale.dtype is none)")
+    if scale_dtype == "none" and block != head_dim:
+        raise SpecError(source, "scale.block",
+                        f"{block}: an unscaled key (scale.dtype none) has no scale blocks; leave "
+                        f"scale.block out (or give head_dim={head_dim})")
     if scale_dtype != "none":
         if not (_pow2(block) and 16 <= block <= head_dim):
             raise SpecError(source, "scale.block",

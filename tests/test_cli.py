@@ -115,6 +115,31 @@ def test_bench_bad_tuning_value_is_a_usage_error(tuning, msg, monkeypatch):
     assert r.exit_code == 2 and f"Error: --tuning for fp8_e4m3_page64: tuning {msg}" in r.output, r.output
 
 
+@pytest.mark.parametrize("var, value, msg", [("DSAGEN_LOCK_TIMEOUT", "abc", "a number of seconds >= 0"),
+                                             ("DSAGEN_LOCK_TIMEOUT", "-5", "a number of seconds >= 0"),
+                                             ("DSAGEN_MAX_JOBS", "x", "an integer >= 1"),
+                                             ("DSAGEN_MAX_JOBS", "0", "an integer >= 1"),
+                                             ("DSAGEN_BENCH_METHOD", "cuda", "'spin' or 'graph'")])
+def test_bad_environment_variable_is_a_usage_error(var, value, msg, monkeypatch, tmp_path):
+    """A malformed DSAGEN_* variable stops every command before any work (exit 2, one line
+    naming it), whether or not a build would read it; `dsagen doctor` lists it instead."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("DSAGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(var, value)
+    r = CliRunner().invoke(main, ["verify", "specs/fp8_e4m3_page1.yaml"])
+    assert r.exit_code == 2 and f"Error: {var}={value!r}: must be {msg}" in r.output, r.output
+    r = CliRunner().invoke(main, ["doctor"])
+    assert r.exit_code == 0 and f"{var}={value!r}: must be {msg}" in r.output, r.output
+    # the library raises the same message where it reads the variable
+    from dsagen import config
+    if var != "DSAGEN_BENCH_METHOD":
+        with pytest.raises(ValueError, match=var):
+            (config.lock_timeout if var == "DSAGEN_LOCK_TIMEOUT" else config.max_jobs)()
+    monkeypatch.setenv(var, {"DSAGEN_LOCK_TIMEOUT": "2.5", "DSAGEN_MAX_JOBS": "3",
+                             "DSAGEN_BENCH_METHOD": "graph"}[var])
+    assert config.check() == []
+
+
 def test_compile_without_nvcc_says_not_compiled(generated_tmp, monkeypatch):
     """Without nvcc the last line says the CUDA targets were NOT compiled (never "compiled
     only"); the CPU verification still decides the exit status."""

@@ -334,6 +334,31 @@ def test_torch_library_registration(dsagen_spec, dsagen_ops, gen):
                           ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"))
 
 
+def test_one_input_on_meta_raises(dsagen_spec, dsagen_ops, gen):
+    """A call with one input on the meta device reaches the ops' fake forms: they raise the real
+    ops' device error instead of returning an unfilled tensor; all inputs on meta is a shape-only
+    call (torch.compile's tracing), as before."""
+    spec, ops = dsagen_spec, dsagen_ops
+    cache, bt, sc, n, q, w, cl = _two_requests(spec, gen)
+    with pytest.raises(RuntimeError, match="must be on one device"):
+        ops.paged_logits(q, cache, w.to("meta"), cl, bt, 70, kv_scales=sc)
+    if sc is not None:
+        with pytest.raises(RuntimeError, match="must be on one device"):
+            ops.paged_logits(q, cache, w, cl, bt, 70, kv_scales=sc.to("meta"))
+    with pytest.raises(RuntimeError, match="must be on one device"):
+        ops.paged_logits_schedule(cl.to("meta"), bt, n, 70)
+    from dsagen.verify import ragged_inputs
+    rq, rk, rsc, rw = ragged_inputs(spec, 4, 30, gen, "cpu")
+    ks = torch.tensor([0, 3, 9, 29], dtype=torch.int32)
+    ke = torch.tensor([30, 3, 20, 30], dtype=torch.int32)
+    bad = (rq, rk, rsc.to("meta"), rw) if rsc is not None else (rq, rk.to("meta"), rsc, rw)
+    with pytest.raises(RuntimeError, match="must be on one device"):
+        ops.ragged_logits(*bad, ks, ke)
+    m = [t.to("meta") for t in (q, cache, w, cl, bt)]
+    out = ops.paged_logits(*m, 70, kv_scales=None if sc is None else sc.to("meta"))
+    assert out.device.type == "meta" and out.shape == (2 * n, 70)
+
+
 def _two_requests(spec, gen):
     """Paged-logits inputs of two requests (70 and 5 tokens) at the spec's first next_n:
     ``(kv_cache, block_table, kv_scales, next_n, q, weights, context_lens)``."""

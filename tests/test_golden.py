@@ -122,6 +122,23 @@ def test_tunings_the_registers_cannot_hold_are_capped_or_refused():
             render(spec, bad)
 
 
+def test_scalar_tunings_checked_before_a_namespace():
+    # a wrong type or an out-of-range count is a ValueError naming the key, from namespace()
+    # (so from dsagen.load) as from render(): never a TypeError, nor a namespace of its own
+    spec = dsagen.load_spec(SPECS["fp8_e4m3_page64"])
+    for bad in ({"stages": 0}, {"stages": -1}, {"fuse": None}, {"fuse": "x"}, {"promote": [1]},
+                {"promote": -1}, {"wregs": "x"}, {"wregs": -5}, {"mma_ahead": -1}, {"maxnreg": "x"},
+                {"chains": None}, {"sched": "yes"}, {"math": 1}):
+        key = next(iter(bad))
+        for fn in (namespace, render):
+            with pytest.raises(ValueError, match=rf"tuning {key}="):
+                fn(spec, bad)
+    # the accepted forms still build their namespaces
+    for good in ({"stages": 2}, {"promote": True}, {"promote": 2}, {"wregs": 128}, {"mma_ahead": 64},
+                 {"sched": False}, {"math": False}):
+        assert namespace(spec, good).startswith("dsagen_fp8_e4m3_page64_")
+
+
 def test_kv_evict_first_tuning():
     # default: the key / scale copies carry an L2 policy chosen per call from the logits' size
     spec = dsagen.load_spec(SPECS["fp8_e4m3_page64"])

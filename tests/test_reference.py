@@ -217,6 +217,20 @@ def test_fallback_matches_reference(name, gen, repro):
     assert rel_err(fb[v], ref[v]) < 2e-2, repro      # keys rounded to bf16 on the way
 
 
+@pytest.mark.parametrize("name", ["e4m3_page_tail", "e4m3_separate_padded", "e2m1_ue8m0_block16_separate"])
+def test_no_logits_at_max_context_len_0(name, gen):
+    # max_context_len 0 (no request has a key yet) is an empty result, as from the ops
+    spec = SMALL_SPECS[name]
+    cache, bt, sc = make_cache(spec, [13, 6], gen, "cpu")
+    q = torch.randn(2, 2, 8, 32, generator=gen).mul(4).to(spec.query.torch_dtype)
+    w = torch.randn(4, 8, generator=gen)
+    cl = torch.tensor([0, 0], dtype=torch.int32)
+    assert R.valid_mask(cl, 2, 0).shape == (4, 0)
+    assert R.valid_mask(torch.tensor([[0, 0], [0, 0]], dtype=torch.int32), 2, 0).shape == (4, 0)
+    assert R.paged_logits(q, cache, w, cl, bt, 0, True, spec, kv_scales=sc).shape == (4, 0)
+    assert R.fallback_paged_logits(q, cache, w, cl, bt, 0, spec, kv_scales=sc).shape == (4, 0)
+
+
 def test_calc_diff():
     x = torch.randn(100, dtype=torch.float64) + 0.5
     assert abs(R.calc_diff(x, x)) < 1e-15

@@ -179,3 +179,21 @@ def test_gather_refuses_invalid_page_ids(dsagen_spec, dsagen_ops, gen):
             pool.gather(0, bt, torch.tensor([0, 2 * ps]))
     with pytest.raises(ValueError, match="block_table has 4 columns"):
         pool.gather(0, ok, torch.tensor([0, 4 * ps + 1]))
+
+
+@pytest.mark.parametrize("cu, says", [([10, 100], "start at 0"), ([0, 100, 50], r"\[B\+1\] = \[2\]"),
+                                      ([], r"\[B\+1\] = \[2\]"), ([[0, 5]], r"\[B\+1\] = \[2\]"),
+                                      ([0.0, 5.0], "integer")])
+def test_gather_refuses_malformed_cu_seq_lens(dsagen_spec, dsagen_ops, cu, says):
+    """cu_seq_lens that are not B+1 prefix sums from 0 are a ValueError naming them, not a torch
+    error from inside the gather."""
+    pool = IndexerKCache(dsagen_spec, 1, 4, ops=dsagen_ops)
+    ok = torch.tensor([[0, 1, 2, 3]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=f"cu_seq_lens must .*{says}"):
+        pool.gather(0, ok, torch.tensor(cu))
+    two = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="never decrease"):
+        pool.gather(0, two, torch.tensor([0, 9, 5]))
+    n = dsagen_spec.page_size + 1
+    k, _ = pool.gather(0, two, torch.tensor([0, n, n]))      # an empty request is fine
+    assert k.shape[0] == n

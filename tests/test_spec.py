@@ -74,6 +74,31 @@ def test_separate_needs_a_scale():
     assert ei.value.path == "scale.placement" and "scale.dtype is none" in ei.value.message
 
 
+def test_unscaled_key_has_no_scale_blocks():
+    # scale.block of an unscaled key: absent or head_dim (what to_dict writes); anything else,
+    # 0 included, is a SpecError naming it (not a ZeroDivisionError, nor a new digest)
+    d = yaml.safe_load(BF16.read_text())
+    base = Spec.from_dict(d, source="x.yaml")
+    d["scale"]["block"] = 128
+    assert Spec.from_dict(d, source="x.yaml").digest == base.digest
+    for bad in (0, -3, 7, 64, 256):
+        d["scale"]["block"] = bad
+        with pytest.raises(SpecError) as ei:
+            Spec.from_dict(d, source="x.yaml")
+        assert ei.value.path == "scale.block" and "unscaled" in ei.value.message
+    # with_ follows a new head_dim (no stale block), and a quantized key gets its default block
+    assert base.with_(head_dim=64).scale_block == 64
+    assert base.with_(key_dtype="e4m3", scale_dtype="fp32").scale_block == 128
+
+
+def test_with_next_n_takes_an_integer():
+    s = dsagen.load_spec(BF16)
+    assert s.with_(next_n=3).next_n == (3,) and s.with_(next_n=(2, 1)).next_n == (1, 2)
+    with pytest.raises(SpecError) as ei:
+        s.with_(next_n="12")          # not split into "1", "2"
+    assert ei.value.path == "logits.next_n"
+
+
 def test_spec_is_frozen_and_with_revalidates():
     s = dsagen.load_spec(FP8)
     with pytest.raises(Exception):
