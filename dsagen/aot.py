@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -127,21 +128,37 @@ class Entry:
 
 
 def _size(p: Path) -> int:
-    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    """Bytes of the files under ``p``, skipping those that another process removes meanwhile."""
+    return sum(st.st_size for _f, st in _aux_files(p))
+
+
+# what dsagen.jit creates in the cache root: entries `<namespace>-<16 hex of the key>`, and the
+# temporary folders of a build (`.<namespace>-<random>`) or of its writability probe
+# (`.probe-<random>`); anything else there (another tool's files, a lock dir placed inside the
+# root) is never listed, counted or removed
+_ENTRY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*-[0-9a-f]{16}")
+_TMP_NAME = re.compile(r"\.(probe|[A-Za-z_][A-Za-z0-9_]*)-[A-Za-z0-9_]+")
 
 
 def entries(root: Path | None = None) -> list[Entry]:
-    """Every build directory in the cache (complete or not)."""
+    """Every build directory in the cache (complete or not): the folders named as
+    :mod:`dsagen.jit` names its entries and temporary build folders, nothing else. A folder
+    that another process removes while it is listed is left out."""
     import json
     root = root or config.cache_root()
     out = []
     if not root.is_dir():
         return out
     for d in sorted(root.iterdir()):
-        if not d.is_dir() or d.name in ("locks", JINJA_CACHE, RENDER_MEMO):
+        try:
+            if not d.is_dir() or d.is_symlink():
+                continue
+        except OSError:
             continue
-        if d.name.startswith("."):
+        if _TMP_NAME.fullmatch(d.name):
             out.append(Entry(d, d.name, "", _size(d), "unfinished build directory", "", ""))
+            continue
+        if not _ENTRY_NAME.fullmatch(d.name):
             continue
         try:
             m = json.loads((d / "manifest.json").read_text())
@@ -162,7 +179,10 @@ def prune(root: Path | None = None, everything: bool = False, older_than_days: f
     gone = []
     now = time.time()
     for e in entries(root):
-        age_days = (now - e.path.stat().st_mtime) / 86400
+        try:
+            age_days = (now - e.path.stat().st_mtime) / 86400
+        except OSError:          # removed meanwhile (another prune)
+            continue
         drop = everything or e.status != "ok"
         if e.status == "unfinished build directory":
             drop = everything or age_days > 1 / 24
@@ -180,7 +200,11 @@ _AUX = (("render memo", RENDER_MEMO), ("template bytecode", JINJA_CACHE))
 def _aux_files(d: Path):
     """``(path, stat)`` of each file under ``d`` (none if it is missing), skipping those that
     another process renames or removes while they are listed."""
-    for f in (list(d.rglob("*")) if d.is_dir() else []):
+    try:
+        files = list(d.rglob("*")) if d.is_dir() else []
+    except OSError:                 # the folder went while it was walked
+        files = []
+    for f in files:
         try:
             if f.is_file():
                 yield f, f.stat()

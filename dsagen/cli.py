@@ -6,6 +6,7 @@ Exit codes: 0 success; 1 a kernel disagrees with the reference (or a build faile
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -78,6 +79,8 @@ def list_cmd():
 def render(specs, out):
     """Render the sources of each spec into generated/<name>/."""
     from .codegen import write_generated
+    if out is not None and not out.strip():
+        raise UsageFailure("--out: an empty path (leave --out out for generated/<name>/)")
     for s in _specs(specs):
         try:
             d = write_generated(s, Path(out) / s.name if out else None)
@@ -320,7 +323,7 @@ def report(files, spec_name, op, plot_out):
               help="Comma list of CUDA targets to build (each intersected with the spec's targets).")
 @click.option("--out", type=click.Path(), default=None,
               help="Cache directory to fill (default: the cache root); point DSAGEN_CACHE_DIR at it.")
-@click.option("-j", "--jobs", type=int, default=2, show_default=True, help="Builds at a time.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Builds at a time.")
 def precompile(specs, arch, out, jobs):
     """Build every variant of the specs ahead of time (CPU, and CUDA per arch)."""
     from .aot import precompile as run_pre
@@ -389,6 +392,11 @@ def recall(specs, contexts, index_topk, compress_ratio, queries, out, dump, seed
             raise UsageFailure(f"--context: {contexts!r} must list positive integers")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageFailure("--device cuda: no CUDA device")
+    try:            # --out is made and checked before the run, not after its minutes of work
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageFailure(f"--out {out}: cannot create it ({e.strerror or e})") from None
+    _writable(Path(out) / "recall.json", "--out")
     use_cuda = device == "cuda" or (device == "auto" and all(cuda_archs(s) for s in ss))
     dev = "cuda" if use_cuda else "cpu"
     log = lambda m: click.echo(m, err=True)  # noqa: E731
@@ -473,6 +481,8 @@ def cache_prune(everything, older_than):
     clear the render memo and template bytecode: all of it, or the files older than DAYS; a
     memo's age counts from its last use, a bytecode file's from when it was written)."""
     from .aot import prune, prune_aux
+    if older_than is not None and not math.isfinite(older_than):
+        raise UsageFailure(f"--older-than {older_than}: must be a finite number of days > 0")
     gone = prune(everything=everything, older_than_days=older_than)
     for e in gone:
         click.echo(f"removed {e.path} ({e.status})")

@@ -105,8 +105,15 @@ class IndexerKCache:
 
         Raises:
             IndexError: ``layer`` out of range. RuntimeError: what
-                :meth:`dsagen.ops.Ops.paged_logits` raises, or ``out`` misshaped.
+                :meth:`dsagen.ops.Ops.paged_logits` raises, or ``out`` is not fp32
+                ``[B*next_n, max_context_len]`` on ``q``'s device (checked before the call; no
+                broadcast or dtype conversion into it).
         """
+        if out is not None:
+            want = (q.shape[0] * q.shape[1], int(max_context_len)) if q.dim() == 4 else None
+            if out.dtype != torch.float32 or tuple(out.shape) != want or out.device != q.device:
+                raise RuntimeError(f"paged_logits: out must be fp32 {list(want) if want else '[B*next_n, max_context_len]'} "
+                                   f"on {q.device}, got {out.dtype} {list(out.shape)} on {out.device}")
         res = self.ops.paged_logits(q, self.layer(layer), weights, context_lens, block_table,
                                     max_context_len, clean_logits, self.layer_scales(layer), schedule)
         if out is not None:

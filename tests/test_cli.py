@@ -227,3 +227,65 @@ def test_cache_du_and_prune_survive_files_vanishing(tmp_path, monkeypatch):
     calls.clear()
     assert aot.prune_aux(root, everything=True) == (1, 2)
     assert not (memo / "a.json").exists()
+
+
+def test_cache_commands_touch_only_dsagen_folders(tmp_path, monkeypatch):
+    """`cache ls / du / prune` see only the folders dsagen.jit makes in the cache root (entries
+    `<namespace>-<16 hex>`, temporary `.<namespace>-*` / `.probe-*` build folders): another
+    tool's folders, dot-folders and a lock dir placed inside the root are never listed or
+    removed, even by `prune --all`."""
+    import os
+    import time
+    root = tmp_path / "cache"
+    keep = [root / "my project" / "src", root / ".config", root / "notes", root / "build-locks"]
+    ours = [root / ".probe-k2x9_a", root / ".dsagen_t_abc-q8w_3z", root / "dsagen_t_abc-0123456789abcdef"]
+    for d in keep + ours:
+        d.mkdir(parents=True)
+    (root / "my project" / "src" / "main.c").write_text("int main;")
+    old = time.time() - 2 * 86400
+    for d in (root / ".config", root / ".probe-k2x9_a", root / ".dsagen_t_abc-q8w_3z"):
+        os.utime(d, (old, old))
+    monkeypatch.setenv("DSAGEN_CACHE_DIR", str(root))
+    monkeypatch.setenv("DSAGEN_LOCK_DIR", str(root / "build-locks"))
+    r = _run("cache", "ls")
+    assert r.exit_code == 0 and all(d.name in r.output for d in ours), r.output
+    assert not any(name in r.output for name in ("my project", ".config", "notes", "build-locks")), r.output
+    r = _run("cache", "prune", "--all")
+    assert r.exit_code == 0 and "3 removed" in r.output, r.output
+    assert all(d.exists() for d in keep) and not any(d.exists() for d in ours)
+    assert (root / "my project" / "src" / "main.c").read_text() == "int main;"
+
+
+def test_concurrent_prunes_skip_what_the_other_removed(tmp_path, monkeypatch):
+    """An entry removed by another `cache prune` between the listing and its stat is skipped."""
+    import pathlib
+    from dsagen import aot
+    root = tmp_path / "cache"
+    for name in ("dsagen_t_a-0123456789abcdef", "dsagen_t_b-0123456789abcdef"):
+        (root / name).mkdir(parents=True)
+        (root / name / "lib.so").write_bytes(b"x")
+    gone = root / "dsagen_t_a-0123456789abcdef"
+    real_stat = pathlib.Path.stat
+
+    def racy_stat(self, *a, **k):
+        if self == gone:
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+        return real_stat(self, *a, **k)
+    listed = aot.entries(root)
+    assert [e.path.name for e in listed] == ["dsagen_t_a-0123456789abcdef", "dsagen_t_b-0123456789abcdef"]
+    monkeypatch.setattr(aot, "entries", lambda r=None: listed)
+    monkeypatch.setattr(pathlib.Path, "stat", racy_stat)
+    removed = aot.prune(root, everything=True)
+    assert [e.path.name for e in removed] == ["dsagen_t_b-0123456789abcdef"]
+
+
+@pytest.mark.parametrize("args", [("cache", "prune", "--older-than", "nan"), ("cache", "prune", "--older-than", "inf"),
+                                  ("precompile", "specs/bf16_page64.yaml", "-j", "0"),
+                                  ("render", "specs/bf16_page64.yaml", "--out", "")])
+def test_meaningless_option_values_are_usage_errors(args, tmp_path, monkeypatch):
+    """NaN / infinite ages, zero build jobs and an empty --out are refused (exit 2), not taken as
+    'remove nothing', 'no parallelism' or 'the default folder'."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("DSAGEN_CACHE_DIR", str(tmp_path / "cache"))
+    r = CliRunner().invoke(main, list(args))
+    assert r.exit_code == 2, r.output

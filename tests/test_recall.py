@@ -320,3 +320,13 @@ def test_cli_recall_bad_usage(tmp_path):
     assert r.exit_code == 2 and "--context" in r.output
     r = CliRunner().invoke(main, ["recall", str(BF16), "--context", "3", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "shorter than compress_ratio 4" in r.output
+
+
+def test_cli_recall_bad_out_fails_before_the_run(tmp_path):
+    """An --out that cannot be made (a path through a file) is a usage error (exit 2) before any
+    layout is built or scored: no table is printed."""
+    f = tmp_path / "afile"
+    f.write_text("x")
+    r = CliRunner().invoke(main, ["recall", str(BF16), "--context", "256", "--queries", "2",
+                                  "--out", str(f / "sub")])
+    assert r.exit_code == 2 and "--out" in r.output and "recall" not in r.output.split("Error")[0], r.output

@@ -62,6 +62,17 @@ def test_three_layer_pool_each_layer_reads_its_own_scales(dsagen_spec, dsagen_op
         assert err < logits_tolerance(spec, device, spec.next_n[0])[0], (layer, err)
         outs.append(got)
     assert not torch.equal(outs[0], outs[1])
+    # out=: filled in place (poisoned first: every element written), and refused when misshaped
+    # or of another dtype instead of broadcast or converted into
+    rows = 2 * spec.next_n[0]
+    args = [t.to(device) for t in (q, w, cl, bt)]
+    dst = torch.full((rows, max(lens)), float("nan"), device=device)
+    assert pool.paged_logits(2, *args, max(lens), out=dst) is dst
+    assert torch.equal(dst.cpu(), outs[2])
+    for bad in (torch.empty(2 * rows, max(lens)), torch.empty(1, max(lens)), torch.empty(rows, 1, max(lens)),
+                torch.empty(rows, max(lens), dtype=torch.bfloat16), torch.empty(rows, max(lens), dtype=torch.int32)):
+        with pytest.raises(RuntimeError, match="out must be fp32"):
+            pool.paged_logits(2, *args, max(lens), out=bad.to(device))
     kq, sc = pool.gather(2, bt.to(device), torch.tensor([0, lens[0], lens[0] + lens[1]], device=device))
     sc2 = pool.layer_scales(2)
     want_kq, want_sc = R.read_tokens(pool.layer(2).cpu(), slots, spec, kv_scales=None if sc2 is None else sc2.cpu())
