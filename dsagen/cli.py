@@ -39,14 +39,25 @@ def _specs(paths) -> list[Spec]:
         raise UsageFailure(str(e)) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """click.Group that notes whether the command line asks for help anywhere (so the group's
+    environment check does not stop a subcommand's --help)."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["dsagen.asks_help"] = any(a in ("-h", "--help") for a in args)
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dsagen")
 @click.pass_context
 def main(ctx):
     """dsagen: generate, build and verify DSA indexer key-cache kernels from a YAML layout spec."""
     from . import config
     problems = config.check()
-    if problems and ctx.invoked_subcommand != "doctor":     # doctor lists them instead
+    # doctor lists them instead; a subcommand's --help still prints
+    asks_help = ctx.meta.get("dsagen.asks_help", False)
+    if problems and ctx.invoked_subcommand != "doctor" and not asks_help and not ctx.resilient_parsing:
         raise UsageFailure("; ".join(problems))
 
 

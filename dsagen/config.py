@@ -4,7 +4,7 @@
 |---|---|---|
 | ``DSAGEN_CACHE_DIR`` | ``$XDG_CACHE_HOME/dsagen`` or ``~/.cache/dsagen`` | build cache root |
 | ``DSAGEN_LOCK_DIR`` | ``<cache root>/locks`` | where the per-build lock files live (keep it on local disk) |
-| ``DSAGEN_LOCK_TIMEOUT`` | ``1800`` | seconds to wait for another process's build |
+| ``DSAGEN_LOCK_TIMEOUT`` | ``1800`` | seconds to wait for another process's build (negative or ``inf``: forever) |
 | ``DSAGEN_ARCH_LIST`` | the spec's targets | comma list (``sm_90a,sm_100a``) that narrows the targets |
 | ``DSAGEN_JIT_VERBOSE`` | off | log one line per load (key, time, hit/miss) and show ninja's output |
 | ``DSAGEN_JIT_DEBUG`` | off | nvcc ``-G`` (device debug) |
@@ -47,18 +47,19 @@ def lock_dir() -> Path:
 
 
 def lock_timeout() -> float:
-    """``DSAGEN_LOCK_TIMEOUT`` in seconds (default 1800). ValueError naming the variable where it
-    is not a number >= 0."""
+    """``DSAGEN_LOCK_TIMEOUT`` in seconds (default 1800; a negative value or ``inf``: wait
+    forever, as filelock takes it). ValueError naming the variable where it is not a number."""
     env = os.environ.get("DSAGEN_LOCK_TIMEOUT", "").strip()
     if not env:
         return 1800.0
     try:
         v = float(env)
     except ValueError:
-        v = -1.0
-    if not v >= 0 or v == float("inf"):
-        raise ValueError(f"DSAGEN_LOCK_TIMEOUT={env!r}: must be a number of seconds >= 0")
-    return v
+        v = float("nan")
+    if v != v:
+        raise ValueError(f"DSAGEN_LOCK_TIMEOUT={env!r}: must be a number of seconds "
+                         f"(negative or inf: wait forever)")
+    return -1.0 if v == float("inf") else v
 
 
 def arch_list() -> list[str] | None:
@@ -88,9 +89,13 @@ def max_jobs() -> int | None:
     env = os.environ.get("DSAGEN_MAX_JOBS", "").strip()
     if not env:
         return None
-    if not env.isdigit() or int(env) < 1:
+    try:
+        v = int(env)
+    except ValueError:
+        v = 0
+    if v < 1:
         raise ValueError(f"DSAGEN_MAX_JOBS={env!r}: must be an integer >= 1")
-    return int(env)
+    return v
 
 
 def check() -> list[str]:

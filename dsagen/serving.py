@@ -131,7 +131,7 @@ class IndexerKCache:
 
         Args:
             layer: which layer, in ``[0, num_layers)``.
-            block_table: int32 ``[B, max_pages]``.
+            block_table: int32 ``[B, max_pages]`` (or more rows: only the first ``B`` are read).
             cu_seq_lens: int ``[B+1]`` prefix sums of the requests' lengths (tokens).
         Returns:
             ``(k [S, head_dim]`` in the key dtype (e2m1: uint8 ``[S, head_dim/2]`` packed),
@@ -140,7 +140,9 @@ class IndexerKCache:
             valid on the host: a prefill-side call, not part of a captured decode step.)
         Raises:
             ValueError: ``cu_seq_lens`` is not a 1-D integer tensor of ``B+1`` prefix sums (from
-                0, non-decreasing) for ``block_table``'s ``B`` rows, a page id that a request's
+                0, non-decreasing) with ``B`` at most ``block_table``'s rows (request ``b`` reads
+                row ``b``; rows past ``B``, such as a padded max-batch table's, are not read),
+                a page id that a request's
                 keys need is not in ``[0, num_pages)`` (such as the -1 that pads block tables), or
                 a request's keys run past ``block_table``'s columns.
             IndexError: ``layer`` out of range.
@@ -148,13 +150,13 @@ class IndexerKCache:
         ps = self.spec.page_size
         if block_table.dim() != 2:
             raise ValueError(f"gather: block_table must be [B, max_pages], got {tuple(block_table.shape)}")
-        B = block_table.shape[0]
-        if (cu_seq_lens.dim() != 1 or cu_seq_lens.shape[0] != B + 1
+        rows = block_table.shape[0]
+        if (cu_seq_lens.dim() != 1 or not 1 <= cu_seq_lens.shape[0] <= rows + 1
                 or cu_seq_lens.dtype.is_floating_point or cu_seq_lens.dtype.is_complex
                 or cu_seq_lens.dtype == torch.bool):
-            raise ValueError(f"gather: cu_seq_lens must be an integer [B+1] = [{B + 1}] tensor (prefix sums "
-                             f"of the lengths of block_table's {B} requests), got {cu_seq_lens.dtype} "
-                             f"{tuple(cu_seq_lens.shape)}")
+            raise ValueError(f"gather: cu_seq_lens must be an integer [B+1] tensor, 1 <= B+1 <= {rows + 1} "
+                             f"(prefix sums of the lengths of the first B of block_table's {rows} rows), "
+                             f"got {cu_seq_lens.dtype} {tuple(cu_seq_lens.shape)}")
         cu = cu_seq_lens.to(torch.int64)
         if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
             raise ValueError(f"gather: cu_seq_lens must start at 0 and never decrease (prefix sums of "

@@ -223,7 +223,8 @@ class Spec:
                 d["scale"][k[len("scale_"):]] = v
             elif k in ("num_heads", "next_n"):
                 # next_n: a list, or one integer as in YAML (a string is not split into characters)
-                d["logits"][k] = list(v) if k == "next_n" and isinstance(v, (list, tuple)) else v
+                iterable = hasattr(v, "__iter__") and not isinstance(v, (str, bytes, dict))
+                d["logits"][k] = list(v) if k == "next_n" and iterable else v
             else:
                 d[k] = v
         return Spec.from_dict(d, source=self.source)
@@ -358,10 +359,13 @@ def _parse(data: Any, source: str) -> Spec:
     if scale_dtype == "none" and placement == "separate":
         raise SpecError(source, "scale.placement",
                         "'separate' (scales in their own tensor) needs a scale (scale.dtype is none)")
-    if scale_dtype == "none" and block != head_dim:
-        raise SpecError(source, "scale.block",
-                        f"{block}: an unscaled key (scale.dtype none) has no scale blocks; leave "
-                        f"scale.block out (or give head_dim={head_dim})")
+    if scale_dtype == "none":
+        # an unscaled key has no scale blocks: a given block (a positive integer, as for any
+        # spec) is recorded as head_dim, so it neither changes the digest nor divides by 0
+        if block < 1:
+            raise SpecError(source, "scale.block", f"{block}: must be a positive integer "
+                            f"(it has no effect on an unscaled key: leave it out)")
+        block = head_dim
     if scale_dtype != "none":
         if not (_pow2(block) and 16 <= block <= head_dim):
             raise SpecError(source, "scale.block",

@@ -115,8 +115,8 @@ def test_bench_bad_tuning_value_is_a_usage_error(tuning, msg, monkeypatch):
     assert r.exit_code == 2 and f"Error: --tuning for fp8_e4m3_page64: tuning {msg}" in r.output, r.output
 
 
-@pytest.mark.parametrize("var, value, msg", [("DSAGEN_LOCK_TIMEOUT", "abc", "a number of seconds >= 0"),
-                                             ("DSAGEN_LOCK_TIMEOUT", "-5", "a number of seconds >= 0"),
+@pytest.mark.parametrize("var, value, msg", [("DSAGEN_LOCK_TIMEOUT", "abc", "a number of seconds"),
+                                             ("DSAGEN_LOCK_TIMEOUT", "nan", "a number of seconds"),
                                              ("DSAGEN_MAX_JOBS", "x", "an integer >= 1"),
                                              ("DSAGEN_MAX_JOBS", "0", "an integer >= 1"),
                                              ("DSAGEN_BENCH_METHOD", "cuda", "'spin' or 'graph'")])
@@ -130,14 +130,20 @@ def test_bad_environment_variable_is_a_usage_error(var, value, msg, monkeypatch,
     assert r.exit_code == 2 and f"Error: {var}={value!r}: must be {msg}" in r.output, r.output
     r = CliRunner().invoke(main, ["doctor"])
     assert r.exit_code == 0 and f"{var}={value!r}: must be {msg}" in r.output, r.output
+    for help_args in (["validate", "--help"], ["cache", "ls", "-h"], ["--help"]):
+        r = CliRunner().invoke(main, help_args)
+        assert r.exit_code == 0 and "Usage:" in r.output, (help_args, r.output)
     # the library raises the same message where it reads the variable
     from dsagen import config
     if var != "DSAGEN_BENCH_METHOD":
         with pytest.raises(ValueError, match=var):
             (config.lock_timeout if var == "DSAGEN_LOCK_TIMEOUT" else config.max_jobs)()
-    monkeypatch.setenv(var, {"DSAGEN_LOCK_TIMEOUT": "2.5", "DSAGEN_MAX_JOBS": "3",
-                             "DSAGEN_BENCH_METHOD": "graph"}[var])
-    assert config.check() == []
+    for good in {"DSAGEN_LOCK_TIMEOUT": ("2.5", "0", "-1", "inf"), "DSAGEN_MAX_JOBS": ("3", " 4 ", "+4"),
+                 "DSAGEN_BENCH_METHOD": ("graph", "spin")}[var]:
+        monkeypatch.setenv(var, good)
+        assert config.check() == [], good
+    monkeypatch.setenv("DSAGEN_LOCK_TIMEOUT", "inf")
+    assert config.lock_timeout() == -1.0          # filelock's "wait forever"
 
 
 def test_compile_without_nvcc_says_not_compiled(generated_tmp, monkeypatch):

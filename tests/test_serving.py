@@ -192,8 +192,8 @@ def test_gather_refuses_invalid_page_ids(dsagen_spec, dsagen_ops, gen):
         pool.gather(0, ok, torch.tensor([0, 4 * ps + 1]))
 
 
-@pytest.mark.parametrize("cu, says", [([10, 100], "start at 0"), ([0, 100, 50], r"\[B\+1\] = \[2\]"),
-                                      ([], r"\[B\+1\] = \[2\]"), ([[0, 5]], r"\[B\+1\] = \[2\]"),
+@pytest.mark.parametrize("cu, says", [([10, 100], "start at 0"), ([0, 100, 50], r"1 <= B\+1 <= 2"),
+                                      ([], r"1 <= B\+1 <= 2"), ([[0, 5]], r"1 <= B\+1 <= 2"),
                                       ([0.0, 5.0], "integer")])
 def test_gather_refuses_malformed_cu_seq_lens(dsagen_spec, dsagen_ops, cu, says):
     """cu_seq_lens that are not B+1 prefix sums from 0 are a ValueError naming them, not a torch
@@ -208,3 +208,10 @@ def test_gather_refuses_malformed_cu_seq_lens(dsagen_spec, dsagen_ops, cu, says)
     n = dsagen_spec.page_size + 1
     k, _ = pool.gather(0, two, torch.tensor([0, n, n]))      # an empty request is fine
     assert k.shape[0] == n
+    # a padded max-batch table: only the first B rows are read (the -1 row never is)
+    padded = torch.tensor([[0, 1], [2, 3], [-1, -1]], dtype=torch.int32)
+    k3, _ = pool.gather(0, padded, torch.tensor([0, n, 2 * n]))
+    k2, _ = pool.gather(0, two, torch.tensor([0, n, 2 * n]))
+    assert torch.equal(k3.view(torch.uint8), k2.view(torch.uint8))
+    k1, _ = pool.gather(0, padded, torch.tensor([0, n]))
+    assert torch.equal(k1.view(torch.uint8), k2[:n].view(torch.uint8))

@@ -75,25 +75,33 @@ def test_separate_needs_a_scale():
 
 
 def test_unscaled_key_has_no_scale_blocks():
-    # scale.block of an unscaled key: absent or head_dim (what to_dict writes); anything else,
-    # 0 included, is a SpecError naming it (not a ZeroDivisionError, nor a new digest)
+    # scale.block of an unscaled key has no effect: any positive integer is recorded as head_dim
+    # (the same digest as without it); 0 or a negative one is a SpecError naming it (not a
+    # ZeroDivisionError)
     d = yaml.safe_load(BF16.read_text())
     base = Spec.from_dict(d, source="x.yaml")
-    d["scale"]["block"] = 128
-    assert Spec.from_dict(d, source="x.yaml").digest == base.digest
-    for bad in (0, -3, 7, 64, 256):
+    for ignored in (128, 7, 64, 256):
+        d["scale"]["block"] = ignored
+        s = Spec.from_dict(d, source="x.yaml")
+        assert s.scale_block == 128 and s.digest == base.digest
+    for bad in (0, -3):
         d["scale"]["block"] = bad
         with pytest.raises(SpecError) as ei:
             Spec.from_dict(d, source="x.yaml")
-        assert ei.value.path == "scale.block" and "unscaled" in ei.value.message
-    # with_ follows a new head_dim (no stale block), and a quantized key gets its default block
+        assert ei.value.path == "scale.block" and "positive" in ei.value.message
+    # with_ follows a new head_dim, a quantized key gets its default block, and a block-scaled
+    # spec turns unscaled
     assert base.with_(head_dim=64).scale_block == 64
     assert base.with_(key_dtype="e4m3", scale_dtype="fp32").scale_block == 128
+    fp4 = dsagen.load_spec(REPO / "specs" / "fp4_e2m1_page64.yaml")
+    u = fp4.with_(key_dtype="bf16", scale_dtype="none", scale_rounding="none")
+    assert u.scale_block == u.head_dim and u.bytes_per_token == 2 * u.head_dim
 
 
 def test_with_next_n_takes_an_integer():
     s = dsagen.load_spec(BF16)
     assert s.with_(next_n=3).next_n == (3,) and s.with_(next_n=(2, 1)).next_n == (1, 2)
+    assert s.with_(next_n=range(1, 3)).next_n == (1, 2) and s.with_(next_n={2}).next_n == (2,)
     with pytest.raises(SpecError) as ei:
         s.with_(next_n="12")          # not split into "1", "2"
     assert ei.value.path == "logits.next_n"
