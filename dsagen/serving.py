@@ -142,9 +142,8 @@ class IndexerKCache:
             ValueError: ``cu_seq_lens`` is not a 1-D integer tensor of ``B+1`` prefix sums (from
                 0, non-decreasing) with ``B`` at most ``block_table``'s rows (request ``b`` reads
                 row ``b``; rows past ``B``, such as a padded max-batch table's, are not read),
-                a page id that a request's
-                keys need is not in ``[0, num_pages)`` (such as the -1 that pads block tables), or
-                a request's keys run past ``block_table``'s columns.
+                a page id that a request's keys need is not in ``[0, num_pages)`` (such as the -1
+                that pads block tables), or a request's keys run past ``block_table``'s columns.
             IndexError: ``layer`` out of range.
         """
         ps = self.spec.page_size
