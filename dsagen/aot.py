@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -129,21 +128,14 @@ class Entry:
 
 def _size(p: Path) -> int:
     """Bytes of the files under ``p``, skipping those that another process removes meanwhile."""
-    return sum(st.st_size for _f, st in _aux_files(p))
-
-
-# what dsagen.jit creates in the cache root: entries `<namespace>-<16 hex of the key>`, and the
-# temporary folders of a build (`.<namespace>-<random>`) or of its writability probe
-# (`.probe-<random>`); anything else there (another tool's files, a lock dir placed inside the
-# root) is never listed, counted or removed
-_ENTRY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*-[0-9a-f]{16}")
-_TMP_NAME = re.compile(r"\.(probe|[A-Za-z_][A-Za-z0-9_]*)-[A-Za-z0-9_]+")
+    return sum(st.st_size for _f, st in _files(p))
 
 
 def entries(root: Path | None = None) -> list[Entry]:
     """Every build directory in the cache (complete or not): the folders named as
-    :mod:`dsagen.jit` names its entries and temporary build folders, nothing else. A folder
-    that another process removes while it is listed is left out."""
+    :mod:`dsagen.jit` names its entries and temporary build folders (``jit.ENTRY_NAME``,
+    ``jit.TMP_NAME``), nothing else (another tool's files, a lock dir placed inside the root).
+    A folder that another process removes while it is listed is left out."""
     import json
     root = root or config.cache_root()
     out = []
@@ -155,10 +147,10 @@ def entries(root: Path | None = None) -> list[Entry]:
                 continue
         except OSError:
             continue
-        if _TMP_NAME.fullmatch(d.name):
+        if jit.TMP_NAME.fullmatch(d.name):
             out.append(Entry(d, d.name, "", _size(d), "unfinished build directory", "", ""))
             continue
-        if not _ENTRY_NAME.fullmatch(d.name):
+        if not jit.ENTRY_NAME.fullmatch(d.name):
             continue
         try:
             m = json.loads((d / "manifest.json").read_text())
@@ -197,7 +189,7 @@ def prune(root: Path | None = None, everything: bool = False, older_than_days: f
 _AUX = (("render memo", RENDER_MEMO), ("template bytecode", JINJA_CACHE))
 
 
-def _aux_files(d: Path):
+def _files(d: Path):
     """``(path, stat)`` of each file under ``d`` (none if it is missing), skipping those that
     another process renames or removes while they are listed."""
     try:
@@ -219,7 +211,7 @@ def aux_dirs(root: Path | None = None) -> list[tuple[str, Path, int, int]]:
     root = root or config.cache_root()
     out = []
     for what, name in _AUX:
-        sizes = [st.st_size for _f, st in _aux_files(root / name)]
+        sizes = [st.st_size for _f, st in _files(root / name)]
         out.append((what, root / name, len(sizes), sum(sizes)))
     return out
 
@@ -237,7 +229,7 @@ def prune_aux(root: Path | None = None, everything: bool = False,
     now = time.time()
     n = size = 0
     for _what, name in _AUX:
-        for f, st in _aux_files(root / name):
+        for f, st in _files(root / name):
             if not (everything or (now - st.st_mtime) / 86400 > older_than_days):
                 continue
             try:

@@ -434,7 +434,7 @@ class CudaTimer:
     """
 
     def __init__(self, method: str = "spin"):
-        if method not in ("spin", "graph"):
+        if method not in config.BENCH_METHODS:
             raise ValueError(f"unknown timing method {method!r} (spin or graph)")
         self.method = method
         self.cycles_per_us = self._calibrate()

@@ -306,7 +306,8 @@ def effective_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[s
 # (kernel, ws_stages, small, loop, ...) have their own checks
 _SCALAR_TUNINGS = (("stages", 1, 64, False), ("promote", 0, 64, True), ("fuse", 0, 256, False),
                    ("chains", 0, 2, False), ("maxnreg", 0, 256, False), ("wregs", 0, 256, True),
-                   ("mma_ahead", 0, 256, True), ("math", None, None, True), ("sched", None, None, True))
+                   ("mma_ahead", 0, 256, True), ("math_wgs", 1, 4, False), ("store_passes", 1, 4, False),
+                   ("math", None, None, True), ("sched", None, None, True))
 
 
 def _check_scalars(tune: dict[str, Any]) -> None:
@@ -640,12 +641,9 @@ def _store_vec(spec: Spec) -> int:
 
 
 def _check_counts(tune: dict[str, Any]) -> None:
-    """ValueError naming the tuning when ``math_wgs`` is not 1..4, ``store_passes`` not 1..4 or
-    ``store_lanes`` not one of 2, 4, 8, 16, 32."""
-    for key in ("math_wgs", "store_passes"):
-        v = tune[key]
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4:
-            raise ValueError(f"tuning {key}={v!r}: must be an integer from 1 to 4")
+    """ValueError naming the tuning when ``store_lanes`` is not one of 2, 4, 8, 16, 32, or a
+    tuning with its own check below is invalid (the plain integers and bools,
+    :data:`_SCALAR_TUNINGS`, are checked by :func:`effective_tuning`)."""
     v = tune["store_lanes"]
     if isinstance(v, bool) or v not in (2, 4, 8, 16, 32):
         raise ValueError(f"tuning store_lanes={v!r}: must be 2, 4, 8, 16 or 32")
@@ -679,7 +677,10 @@ def small_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, 
     if not small or tiles == 0:
         return None
     given = {k: v for k, v in (tuning or {}).items() if k not in ("small", "small_tiles")}
-    sub = effective_tuning(spec, {**given, **small, "small": {}})
+    try:                                  # the small tuning's own errors name `small`
+        sub = effective_tuning(spec, {**given, **small, "small": {}})
+    except ValueError as e:
+        raise ValueError(f"tuning small={small!r}: {e}") from None
     if _js(sub) == _js({**tune, "small": {}}):
         return None
     try:                                  # every check its render makes
@@ -764,9 +765,7 @@ def _chains(spec: Spec, tune: dict[str, Any]) -> int:
     """WGMMA chains per next_n position without promotion (tuning ``chains``: 1 or 2; 1 where
     the heads do not split into chains of a multiple of 8; 0 = one chain over every position's
     rows where ``fuse`` applies, else one per position)."""
-    c = int(tune["chains"])
-    if c not in (0, 1, 2):
-        raise ValueError(f"tuning chains={c}: must be 0, 1 or 2")
+    c = tune["chains"]        # 0, 1 or 2 (effective_tuning's check)
     return c if c == 0 or spec.num_heads % (8 * c) == 0 else 1
 
 

@@ -103,14 +103,11 @@ def check() -> list[str]:
     ``DSAGEN_MAX_JOBS``, ``DSAGEN_BENCH_METHOD``), one message each; empty when all are good.
     The CLI refuses to start with any (exit status 2); ``dsagen doctor`` lists them."""
     out = []
-    for fn in (lock_timeout, max_jobs):
+    for fn in (lock_timeout, max_jobs, bench_method):
         try:
             fn()
         except ValueError as e:
             out.append(str(e))
-    m = os.environ.get("DSAGEN_BENCH_METHOD")
-    if m and m not in ("spin", "graph"):
-        out.append(f"DSAGEN_BENCH_METHOD={m!r}: must be 'spin' or 'graph'")
     return out
 
 
@@ -123,9 +120,16 @@ def settings() -> dict[str, str]:
     return {k: os.environ[k] for k in ENV_VARS if k in os.environ}
 
 
+BENCH_METHODS = ("spin", "graph")
+
+
 def bench_method() -> str:
-    """``dsagen bench``'s default timing method (``DSAGEN_BENCH_METHOD``, default ``"spin"``)."""
-    return os.environ.get("DSAGEN_BENCH_METHOD") or "spin"
+    """``dsagen bench``'s default timing method (``DSAGEN_BENCH_METHOD``, default ``"spin"``).
+    ValueError naming the variable where it is not one of :data:`BENCH_METHODS`."""
+    m = os.environ.get("DSAGEN_BENCH_METHOD") or "spin"
+    if m not in BENCH_METHODS:
+        raise ValueError(f"DSAGEN_BENCH_METHOD={m!r}: must be 'spin' or 'graph'")
+    return m
 
 
 def bench_partial() -> str | None:

@@ -163,6 +163,13 @@ def entry_dir(root: Path, name: str, key: str) -> Path:
     return root / f"{name}-{key[:16]}"
 
 
+# the folders build_extension makes in the cache root: entries (entry_dir: `<module name>-<16 hex
+# of the key>`) and temporary ones (`.<module name>-<random>` for a build, `.probe-<random>` for
+# the writability probe); `dsagen cache` touches nothing else there
+ENTRY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*-[0-9a-f]{16}")
+TMP_NAME = re.compile(r"\.(probe|[A-Za-z_][A-Za-z0-9_]*)-[A-Za-z0-9_]+")
+
+
 def check_entry(d: Path, key: str | None = None) -> str | None:
     """None when ``d`` holds a complete build (manifest present, key matching ``key`` if given,
     library SHA-256 matching the manifest); else the reason it does not."""
