@@ -42,22 +42,73 @@ def _build_variant(spec_dict: dict, source: str, archs: list[str], with_cuda: bo
     return built.key, built.cached, built.seconds, str(built.library)
 
 
+def _compile_only_variant(spec_dict: dict, source: str, arch: str, cache_dir: str | None,
+                          jobs: int) -> tuple[bool, float, str]:
+    # runs in a pool process, like _build_variant, so that its render (memo and template
+    # bytecode) goes under cache_dir too; returns (ok, wall seconds, nvcc's log of failures)
+    if cache_dir:
+        os.environ["DSAGEN_CACHE_DIR"] = cache_dir
+    import tempfile
+    from .codegen import render
+    spec = Spec.from_dict(spec_dict, source=source)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="dsagen-nvcc-") as wd:
+        rs = jit.nvcc_compile_only(render(spec), [arch], workdir=Path(wd), jobs=jobs)
+    return all(x.ok for x in rs), time.time() - t0, "\n".join(x.log for x in rs if not x.ok)
+
+
+def _out_dir(out: Path) -> str:
+    """``out`` made (with its parents) and checked writable; its absolute path."""
+    p = Path(out).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{out}: a file, not a folder")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{out}: cannot create the folder ({e.strerror or e})") from None
+    if not p.is_dir():
+        raise ValueError(f"{out}: not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ValueError(f"{out}: not writable")
+    return str(p.resolve())
+
+
 def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, jobs: int = 2,
                log=print) -> list[VariantResult]:
-    """Build every variant of ``specs`` into the cache (or ``out``), ``jobs`` builds at a time.
+    """Build every variant of ``specs`` into the cache (or ``out``), ``jobs`` at a time.
 
     Variants: the CPU extension, and for each requested arch among a spec's targets the CUDA
     extension (it needs a CUDA build of torch and nvcc; otherwise the ``.cu`` sources are only
-    compiled with nvcc, and the result says so). Point ``DSAGEN_CACHE_DIR`` at ``out`` to use it.
+    compiled with nvcc, and the result says so). Every build and compile runs in a pool
+    process whose cache root is ``out``, so nothing (render memo, template bytecode, locks)
+    is written to the default cache; point ``DSAGEN_CACHE_DIR`` at ``out`` to use it. A spec
+    given twice (the same content) is built once. A variant's ``seconds`` is its wall time.
+
+    Raises:
+        ValueError: ``out`` cannot be made a writable folder. A failed build does not raise:
+            its result has ``ok`` False.
     """
+    import json
+
     import torch
 
-    cache_dir = str(Path(out).resolve()) if out else None
+    cache_dir = _out_dir(out) if out else None
+    unique: list[Spec] = []
+    seen: dict[str, Spec] = {}
+    for s in specs:
+        k = json.dumps(s.to_dict(), sort_keys=True)
+        if k in seen:
+            first = seen[k].source
+            log(f"{s.source}: " + ("listed twice" if s.source == first else f"the same spec as {first}")
+                + ": built once")
+            continue
+        seen[k] = s
+        unique.append(s)
     cuda_torch = torch.version.cuda is not None
     nvcc = jit.find_nvcc()
     todo: list[tuple[Spec, str, list[str], bool]] = []
     results: list[VariantResult] = []
-    for s in specs:
+    for s in unique:
         todo.append((s, "cpu", [], False))
         for a in archs:
             if a not in s.targets:
@@ -67,47 +118,47 @@ def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, job
             else:
                 todo.append((s, a, [a], False))   # compile-only check
     n = len(todo)
-    log(f"precompiling {n} variant(s) of {len(specs)} spec(s) into {cache_dir or config.cache_root()} "
+    log(f"precompiling {n} variant(s) of {len(unique)} spec(s) into {cache_dir or config.cache_root()} "
         f"with {jobs} job(s)")
+    compile_only = [t for t in todo if t[1] != "cpu" and not t[3]]
+    why = "this torch has no CUDA" if not cuda_torch else "nvcc not found"
+    # nvcc threads per compile-only variant, so that about `jobs` compilers run at once
+    nvcc_jobs = max(1, jobs // max(1, min(jobs, len(compile_only))))
     done = 0
     ctx = mp.get_context("spawn")
     kw = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
+
+    def report(r: VariantResult) -> None:
+        nonlocal done
+        done += 1
+        log(f"[{done}/{n}] {r.spec} {r.variant}: {'ok' if r.ok else 'FAILED'} ({r.seconds:.1f} s) "
+            f"{r.note.splitlines()[0] if r.note else ''}")
+        results.append(r)
+
     with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx, **kw) as ex:
         futs = {}
         for s, variant, a, with_cuda in todo:
-            if variant != "cpu" and not with_cuda:
-                continue
-            futs[ex.submit(_build_variant, s.to_dict(), s.source, a, with_cuda, cache_dir)] = (s, variant)
-        for s, variant, a, with_cuda in todo:       # compile-only checks, in this process
             if variant == "cpu" or with_cuda:
-                continue
-            from .codegen import render
-            why = "this torch has no CUDA" if not cuda_torch else "nvcc not found"
-            if not nvcc:
-                r = VariantResult(s.name, variant, False, note="nvcc not found: CUDA not compiled")
+                futs[ex.submit(_build_variant, s.to_dict(), s.source, a, with_cuda, cache_dir)] = (s, variant, True)
+            elif not nvcc:
+                report(VariantResult(s.name, variant, False, note="nvcc not found: CUDA not compiled"))
             else:
-                import tempfile
-                with tempfile.TemporaryDirectory(prefix="dsagen-nvcc-") as wd:
-                    rs = jit.nvcc_compile_only(render(s), [variant], workdir=Path(wd))
-                ok = all(x.ok for x in rs)
-                r = VariantResult(s.name, variant, ok, seconds=sum(x.seconds for x in rs),
-                                  note=(f"compiled with nvcc only ({why}): not packaged" if ok
-                                        else "\n".join(x.log for x in rs if not x.ok)))
-            done += 1
-            log(f"[{done}/{n}] {s.name} {variant}: {'ok' if r.ok else 'FAILED'} ({r.seconds:.1f} s) {r.note}")
-            results.append(r)
+                futs[ex.submit(_compile_only_variant, s.to_dict(), s.source, variant, cache_dir,
+                               nvcc_jobs)] = (s, variant, False)
         for f in as_completed(futs):
-            s, variant = futs[f]
+            s, variant, build = futs[f]
             try:
-                key, cached, secs, _lib = f.result()
-                r = VariantResult(s.name, variant, True, cached, secs, key,
-                                  "already in the cache" if cached else "built")
+                if build:
+                    key, cached, secs, _lib = f.result()
+                    r = VariantResult(s.name, variant, True, cached, secs, key,
+                                      "already in the cache" if cached else "built")
+                else:
+                    ok, secs, failures = f.result()
+                    r = VariantResult(s.name, variant, ok, seconds=secs,
+                                      note=f"compiled with nvcc only ({why}): not packaged" if ok else failures)
             except Exception as e:  # noqa: BLE001 - reported per variant
                 r = VariantResult(s.name, variant, False, note=f"{type(e).__name__}: {e}")
-            done += 1
-            log(f"[{done}/{n}] {s.name} {variant}: {'ok' if r.ok else 'FAILED'} ({r.seconds:.1f} s) "
-                f"{r.note.splitlines()[0] if r.note else ''}")
-            results.append(r)
+            report(r)
     return results
 
 

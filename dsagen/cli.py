@@ -344,7 +344,16 @@ def precompile(specs, arch, out, jobs):
         if a not in ARCHS:
             raise UsageFailure(f"--arch: {a!r} is not one of {', '.join(ARCHS)}")
     t0 = time.time()
-    res = run_pre(_specs(specs), archs, Path(out) if out else None, jobs, log=click.echo)
+    loaded = _specs(specs)       # before --out is made, so a bad spec leaves no folder
+    if out is not None:
+        from .aot import _out_dir
+        if not out.strip():
+            raise UsageFailure("--out: an empty path (leave --out out for the cache root)")
+        try:
+            _out_dir(Path(out))
+        except ValueError as e:
+            raise UsageFailure(f"--out {e}") from None
+    res = run_pre(loaded, archs, Path(out) if out else None, jobs, log=click.echo)
     bad = [r for r in res if not r.ok]
     click.echo(f"precompile: {len(res) - len(bad)} ok, {len(bad)} failed, {time.time() - t0:.1f} s")
     for r in bad:

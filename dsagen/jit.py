@@ -233,9 +233,13 @@ def build_extension(name: str, sources: dict[str, str], archs: list[str], with_c
         probe = tempfile.mkdtemp(prefix=".probe-", dir=root)
         os.rmdir(probe)
     except OSError as e:
+        # precompiling into the root helps only where it is a folder (read-only to this user)
+        hint = (f", or precompile into this one with `dsagen precompile --out {root}`"
+                if root.is_dir() else "")
+        where = f"{e.strerror}: {e.filename}" if e.filename else f"{e.strerror or e}"
         raise BuildError(f"{what} must be built but the cache root {root} is not writable "
-                         f"({e.strerror}): set DSAGEN_CACHE_DIR to a writable directory, or "
-                         f"precompile into this one with `dsagen precompile --out {root}`") from None
+                         f"({where}): set DSAGEN_CACHE_DIR (or DSAGEN_LOCK_DIR, for the lock "
+                         f"folder) to a writable directory{hint}") from None
     import filelock   # only builds need it
 
     lock_path = locks / f"{name}-{key[:32]}.lock"

@@ -211,8 +211,24 @@ def test_unwritable_cache_error_says_how_to_fix(tmp_path, monkeypatch, tiny):
     blocker.write_text("x")
     monkeypatch.setenv("DSAGEN_CACHE_DIR", str(blocker / "cache"))
     monkeypatch.delenv("DSAGEN_DISABLE_JIT", raising=False)
-    with pytest.raises(jit.BuildError, match="not writable.*DSAGEN_CACHE_DIR"):
+    with pytest.raises(jit.BuildError, match="not writable.*DSAGEN_CACHE_DIR") as e:
         jit.build_extension(codegen.namespace(tiny) + "_unwritable", codegen.render(tiny), [], False)
+    # precompiling into a root that cannot be a folder would fail the same way: not suggested
+    assert "precompile" not in str(e.value)
+
+
+def test_cache_folder_error_suggests_precompile(tmp_path, monkeypatch, tiny):
+    # the root is a folder but nothing can be written for the build (here: its lock dir is a
+    # file; a read-only folder fails the same way, but root writes those): precompiling into
+    # this root elsewhere is suggested
+    root = tmp_path / "cache"
+    root.mkdir()
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("DSAGEN_CACHE_DIR", str(root))
+    monkeypatch.setenv("DSAGEN_LOCK_DIR", str(tmp_path / "file"))
+    monkeypatch.delenv("DSAGEN_DISABLE_JIT", raising=False)
+    with pytest.raises(jit.BuildError, match=f"not writable.*precompile --out {root}"):
+        jit.build_extension(codegen.namespace(tiny) + "_nolock", codegen.render(tiny), [], False)
 
 
 # ---- precompile, cache commands, doctor ------------------------------------------------------
@@ -228,10 +244,24 @@ def test_precompile_and_cache_commands(built_cache, tmp_path, nvcc):
     spec_file.write_text(yaml.safe_dump(TINY))
     out = tmp_path / "aot"
     shutil.copytree(built_cache, out)       # the CPU variant is there already; sm_90a is compiled
-    r = _cli("precompile", str(spec_file), "--arch", "sm_90a,sm_100a", "--out", str(out), cache=tmp_path / "x")
+    same = tmp_path / "same.yaml"
+    same.write_text(spec_file.read_text())
+    r = _cli("precompile", str(spec_file), str(same), str(spec_file), "--arch", "sm_90a,sm_100a",
+             "--out", str(out), cache=tmp_path / "x")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "t_jit_tiny cpu: ok" in r.stdout and "already in the cache" in r.stdout
     assert "t_jit_tiny sm_90a: ok" in r.stdout
+    # the same spec given three times (two files) is built once
+    assert r.stdout.count("t_jit_tiny cpu:") == 1 and r.stdout.count("t_jit_tiny sm_90a:") == 1, r.stdout
+    assert f"{same}: the same spec as {spec_file}: built once" in r.stdout
+    assert f"{spec_file}: listed twice: built once" in r.stdout
+    # the compile-only render (memo, template bytecode) went to --out, not the default cache
+    assert not (tmp_path / "x").exists(), list((tmp_path / "x").rglob("*"))
+    assert any((out / codegen.RENDER_MEMO).glob("*.json"))
+    # --out that cannot be a folder is a usage error, before any build
+    for bad in (spec_file, spec_file / "sub"):
+        r = _cli("precompile", str(spec_file), "--out", str(bad), cache=tmp_path / "x")
+        assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = _cli("cache", "verify", cache=out)
     assert r.returncode == 0 and r.stdout.count(" ok") == 1, r.stdout
     r = _cli("cache", "ls", cache=out)

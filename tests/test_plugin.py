@@ -46,6 +46,8 @@ def test_builtin_checks_in_an_empty_directory(tmp_path):
     assert "bad.yaml: page_size: 48 is not a power of two" in out
     assert "Traceback" not in out
     assert "2 deselected" in out
+    # the header counts the plugin's items as collected, before -k deselects two of them
+    assert "collected 6 items / 2 deselected / 4 selected" in out
 
 
 def test_missing_spec_is_a_usage_error(tmp_path):
