@@ -58,19 +58,26 @@ def _compile_only_variant(spec_dict: dict, source: str, arch: str, cache_dir: st
 
 
 def _out_dir(out: Path) -> str:
-    """``out`` made (with its parents) and checked writable; its absolute path."""
-    p = Path(out).expanduser()
-    if p.exists() and not p.is_dir():
-        raise ValueError(f"{out}: a file, not a folder")
+    """``out`` made (with its parents) and checked writable; its absolute path.
+
+    Raises:
+        ValueError: it cannot be made, is not a folder, or is not writable (the message starts
+            with ``out``).
+    """
     try:
+        p = Path(out).expanduser()
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"{out}: a file, not a folder")
         p.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
+        if not p.is_dir():
+            raise ValueError(f"{out}: not a folder")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ValueError(f"{out}: not writable")
+        return str(p.resolve())
+    except OSError as e:             # no permission to search a parent, a file on the way
         raise ValueError(f"{out}: cannot create the folder ({e.strerror or e})") from None
-    if not p.is_dir():
-        raise ValueError(f"{out}: not a folder")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise ValueError(f"{out}: not writable")
-    return str(p.resolve())
+    except RuntimeError as e:        # expanduser: ~user of no such user
+        raise ValueError(f"{out}: {e}") from None
 
 
 def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, jobs: int = 2,
@@ -95,11 +102,17 @@ def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, job
     cache_dir = _out_dir(out) if out else None
     unique: list[Spec] = []
     seen: dict[str, Spec] = {}
+    def same_file(a: Spec, b: Spec) -> bool:
+        try:
+            return a.source == b.source or Path(a.source).resolve() == Path(b.source).resolve()
+        except (OSError, RuntimeError):
+            return False
+
     for s in specs:
         k = json.dumps(s.to_dict(), sort_keys=True)
         if k in seen:
-            first = seen[k].source
-            log(f"{s.source}: " + ("listed twice" if s.source == first else f"the same spec as {first}")
+            first = seen[k]
+            log(f"{s.source}: " + ("listed twice" if same_file(s, first) else f"the same spec as {first.source}")
                 + ": built once")
             continue
         seen[k] = s

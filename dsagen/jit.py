@@ -229,17 +229,26 @@ def build_extension(name: str, sources: dict[str, str], archs: list[str], with_c
     locks = config.lock_dir()
     try:
         root.mkdir(parents=True, exist_ok=True)
-        locks.mkdir(parents=True, exist_ok=True)
         probe = tempfile.mkdtemp(prefix=".probe-", dir=root)
         os.rmdir(probe)
     except OSError as e:
-        # precompiling into the root helps only where it is a folder (read-only to this user)
-        hint = (f", or precompile into this one with `dsagen precompile --out {root}`"
-                if root.is_dir() else "")
+        # precompiling into the root elsewhere helps only where it is a folder (read-only to
+        # this user); is_dir itself fails where the user cannot search the parent
+        try:
+            folder = root.is_dir()
+        except OSError:
+            folder = False
+        hint = f", or precompile into this one with `dsagen precompile --out {root}`" if folder else ""
         where = f"{e.strerror}: {e.filename}" if e.filename else f"{e.strerror or e}"
         raise BuildError(f"{what} must be built but the cache root {root} is not writable "
-                         f"({where}): set DSAGEN_CACHE_DIR (or DSAGEN_LOCK_DIR, for the lock "
-                         f"folder) to a writable directory{hint}") from None
+                         f"({where}): set DSAGEN_CACHE_DIR to a writable directory{hint}") from None
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        where = f"{e.strerror}: {e.filename}" if e.filename else f"{e.strerror or e}"
+        raise BuildError(f"{what} must be built but its lock folder {locks} cannot be made ({where}): "
+                         "set DSAGEN_LOCK_DIR to a writable directory"
+                         + ("" if os.environ.get("DSAGEN_LOCK_DIR") else " or DSAGEN_CACHE_DIR to a writable one")) from None
     import filelock   # only builds need it
 
     lock_path = locks / f"{name}-{key[:32]}.lock"

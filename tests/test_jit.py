@@ -218,17 +218,50 @@ def test_unwritable_cache_error_says_how_to_fix(tmp_path, monkeypatch, tiny):
 
 
 def test_cache_folder_error_suggests_precompile(tmp_path, monkeypatch, tiny):
-    # the root is a folder but nothing can be written for the build (here: its lock dir is a
-    # file; a read-only folder fails the same way, but root writes those): precompiling into
-    # this root elsewhere is suggested
+    # the root is a folder that cannot be written (a read-only folder; root writes those, so
+    # here mkdtemp is made to fail): precompiling into this root elsewhere is suggested
     root = tmp_path / "cache"
     root.mkdir()
-    (tmp_path / "file").write_text("x")
     monkeypatch.setenv("DSAGEN_CACHE_DIR", str(root))
+    monkeypatch.delenv("DSAGEN_DISABLE_JIT", raising=False)
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied", str(root))
+    monkeypatch.setattr(jit.tempfile, "mkdtemp", denied)
+    with pytest.raises(jit.BuildError, match=f"not writable.*precompile --out {root}"):
+        jit.build_extension(codegen.namespace(tiny) + "_ro", codegen.render(tiny), [], False)
+    # a root whose parent cannot be searched: is_dir raises; still the BuildError
+    is_dir = jit.Path.is_dir
+    monkeypatch.setattr(jit.Path, "is_dir", lambda self: denied() if self == root else is_dir(self))
+    with pytest.raises(jit.BuildError, match="not writable") as e:
+        jit.build_extension(codegen.namespace(tiny) + "_ro", codegen.render(tiny), [], False)
+    assert "precompile" not in str(e.value)
+
+
+def test_precompile_out_dir_errors(tmp_path, monkeypatch):
+    from dsagen import aot
+    (tmp_path / "f").write_text("x")
+    assert aot._out_dir(tmp_path / "new" / "sub") == str((tmp_path / "new" / "sub").resolve())
+    for bad, msg in ((tmp_path / "f", "a file, not a folder"), (tmp_path / "f" / "sub", "cannot create"),
+                     (Path("~no_such_user_dsagen/x"), "no_such_user_dsagen")):
+        with pytest.raises(ValueError, match=msg):
+            aot._out_dir(bad)
+
+    def denied(self, *a, **k):
+        raise PermissionError(13, "Permission denied", str(self))
+    monkeypatch.setattr(aot.Path, "exists", denied)       # a parent that cannot be searched
+    with pytest.raises(ValueError, match="cannot create the folder.*Permission denied"):
+        aot._out_dir(tmp_path / "other")
+
+
+def test_lock_folder_error_names_it(tmp_path, monkeypatch, tiny):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("DSAGEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("DSAGEN_LOCK_DIR", str(tmp_path / "file"))
     monkeypatch.delenv("DSAGEN_DISABLE_JIT", raising=False)
-    with pytest.raises(jit.BuildError, match=f"not writable.*precompile --out {root}"):
+    with pytest.raises(jit.BuildError, match="lock folder .*file cannot be made.*set DSAGEN_LOCK_DIR") as e:
         jit.build_extension(codegen.namespace(tiny) + "_nolock", codegen.render(tiny), [], False)
+    assert "precompile" not in str(e.value)
 
 
 # ---- precompile, cache commands, doctor ------------------------------------------------------
