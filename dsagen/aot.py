@@ -102,6 +102,7 @@ def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, job
     cache_dir = _out_dir(out) if out else None
     unique: list[Spec] = []
     seen: dict[str, Spec] = {}
+
     def same_file(a: Spec, b: Spec) -> bool:
         try:
             return a.source == b.source or Path(a.source).resolve() == Path(b.source).resolve()
