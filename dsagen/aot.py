@@ -350,7 +350,8 @@ def doctor() -> list[tuple[str, str]]:
     es = entries(root)
     rows.append(("cache root", f"{root} ({'exists' if root.exists() else 'absent'}, "
                                f"{'writable' if os.access(root if root.exists() else root.parent, os.W_OK) else 'read-only'})"))
-    rows.append(("cache", f"{len([e for e in es if e.status == 'ok'])} usable entries, "
+    usable = len([e for e in es if e.status == 'ok'])
+    rows.append(("cache", f"{usable} usable {'entry' if usable == 1 else 'entries'}, "
                           f"{sum(e.size for e in es) / 2**20:.1f} MiB, "
                           f"{len([e for e in es if e.status != 'ok'])} unusable"))
     rows.append(("lock dir", str(config.lock_dir())))

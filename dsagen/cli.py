@@ -476,7 +476,8 @@ def cache_du():
     es = entries()
     aux = aux_dirs()
     total = sum(e.size for e in es) + sum(a[3] for a in aux)
-    click.echo(f"{config.cache_root()}: {len(es)} entries, {sum(e.size for e in es) / 2**20:.1f} MiB; "
+    click.echo(f"{config.cache_root()}: {len(es)} {'entry' if len(es) == 1 else 'entries'}, "
+               f"{sum(e.size for e in es) / 2**20:.1f} MiB; "
                + "; ".join(f"{what} {files} files, {size / 2**20:.1f} MiB" for what, _d, files, size in aux)
                + f"; total {total / 2**20:.1f} MiB")
 
