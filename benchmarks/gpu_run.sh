@@ -3,7 +3,7 @@
 # Usage on the device machine: bash benchmarks/gpu_run.sh [steps...]
 # .whl (git-ignored, carried to the device, which reaches no registry) is made here:
 #   pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl
-#   and for dgbench/abdg: pip download --no-deps sgl-kernel==0.3.21 -d /tmp/sk &&
+#   and for abdg, or dgbench with DG_PATH=benchmarks/dg_harness: pip download --no-deps sgl-kernel==0.3.21 -d /tmp/sk &&
 #   unzip /tmp/sk/sgl_kernel-*.whl 'deep_gemm/include/*' -d .whl/dg
 #   steps: dgbench (DG_DIR, DG_PATH, DG_SPECS, BENCH_TIMEOUT) abdg (AB_SHAPES, AB_ROUNDS, AB_TIMEOUT) precompile compile (SPECS, default all; COMPILE_ARGS) variants (VARIANT_SPECS) tests gputests quick bench benchall
 #          doctor startup compat recall launchprobe storeprobe (PROBE_N, PROBE_TIMEOUT) storetime (STORE_SPECS, STORE_TUNINGS: quoted JSON tunings) dataprobe (PROBE_SHAPES) powerprobe (POWER_SHAPE) timeline (TIMELINE_SHAPES) mma (MMA_SPECS, MMA_TUNINGS, MMA_TEST_TIMEOUT, MMA_TIMEOUT) treeab (TREE_REV, TREE_SPECS, TREE_TIMEOUT); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT; TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
