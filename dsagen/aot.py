@@ -31,53 +31,58 @@ class VariantResult:
     note: str = ""
 
 
-def _build_variant(spec_dict: dict, source: str, archs: list[str], with_cuda: bool,
-                   cache_dir: str | None) -> tuple[str, bool, float, str]:
-    # runs in a fresh process: a build loads its library, and a namespace registers once
+def _worker_spec(spec_dict: dict, source: str, cache_dir: str | None) -> Spec:
+    # the start of a pool task (a fresh process: a build loads its library, and a namespace
+    # registers once): the cache root is cache_dir, so the render memo, template bytecode,
+    # locks and builds all go there
     if cache_dir:
         os.environ["DSAGEN_CACHE_DIR"] = cache_dir
+    return Spec.from_dict(spec_dict, source=source)
+
+
+def _build_variant(spec_dict: dict, source: str, archs: list[str], with_cuda: bool,
+                   cache_dir: str | None) -> tuple[str, bool, float, str]:
     from .codegen import namespace, render
-    spec = Spec.from_dict(spec_dict, source=source)
+    spec = _worker_spec(spec_dict, source, cache_dir)
     built = jit.build_extension(namespace(spec), render(spec), archs, with_cuda)
     return built.key, built.cached, built.seconds, str(built.library)
 
 
 def _compile_only_variant(spec_dict: dict, source: str, arch: str, cache_dir: str | None,
                           jobs: int) -> tuple[bool, float, str]:
-    # runs in a pool process, like _build_variant, so that its render (memo and template
-    # bytecode) goes under cache_dir too; returns (ok, wall seconds, nvcc's log of failures)
-    if cache_dir:
-        os.environ["DSAGEN_CACHE_DIR"] = cache_dir
+    # (ok, wall seconds, nvcc's log of the failures)
     import tempfile
     from .codegen import render
-    spec = Spec.from_dict(spec_dict, source=source)
+    spec = _worker_spec(spec_dict, source, cache_dir)
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="dsagen-nvcc-") as wd:
         rs = jit.nvcc_compile_only(render(spec), [arch], workdir=Path(wd), jobs=jobs)
     return all(x.ok for x in rs), time.time() - t0, "\n".join(x.log for x in rs if not x.ok)
 
 
-def _out_dir(out: Path) -> str:
-    """``out`` made (with its parents) and checked writable; its absolute path.
+class OutDirError(ValueError):
+    """An output folder (``precompile --out``, ``recall --out``) that cannot be made writable."""
+
+
+def out_folder(out: Path | str) -> Path:
+    """``out`` made (with its parents) and checked to be a writable folder; its absolute path.
 
     Raises:
-        ValueError: it cannot be made, is not a folder, or is not writable (the message starts
+        OutDirError: it cannot be made, is not a folder, or is not writable (the message starts
             with ``out``).
     """
     try:
         p = Path(out).expanduser()
         if p.exists() and not p.is_dir():
-            raise ValueError(f"{out}: a file, not a folder")
+            raise OutDirError(f"{out}: a file, not a folder")
         p.mkdir(parents=True, exist_ok=True)
-        if not p.is_dir():
-            raise ValueError(f"{out}: not a folder")
         if not os.access(p, os.W_OK | os.X_OK):
-            raise ValueError(f"{out}: not writable")
-        return str(p.resolve())
+            raise OutDirError(f"{out}: not writable")
+        return p.resolve()
     except OSError as e:             # no permission to search a parent, a file on the way
-        raise ValueError(f"{out}: cannot create the folder ({e.strerror or e})") from None
+        raise OutDirError(f"{out}: cannot create the folder ({e.strerror or e})") from None
     except RuntimeError as e:        # expanduser: ~user of no such user
-        raise ValueError(f"{out}: {e}") from None
+        raise OutDirError(f"{out}: {e}") from None
 
 
 def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, jobs: int = 2,
@@ -92,14 +97,14 @@ def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, job
     given twice (the same content) is built once. A variant's ``seconds`` is its wall time.
 
     Raises:
-        ValueError: ``out`` cannot be made a writable folder. A failed build does not raise:
+        OutDirError: ``out`` cannot be made a writable folder. A failed build does not raise:
             its result has ``ok`` False.
     """
     import json
 
     import torch
 
-    cache_dir = _out_dir(out) if out else None
+    cache_dir = str(out_folder(out)) if out else None
     unique: list[Spec] = []
     seen: dict[str, Spec] = {}
 

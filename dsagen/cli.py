@@ -32,6 +32,18 @@ def _writable(path, what: str = "--json") -> None:
         raise UsageFailure(f"{what} {path}: cannot write there (the folder must exist and be writable)")
 
 
+def _folder(path, what: str = "--out") -> Path:
+    """The output folder ``path`` made and checked writable (:func:`dsagen.aot.out_folder`)
+    before the work whose results go there; UsageFailure where it cannot be."""
+    from .aot import OutDirError, out_folder
+    if not str(path).strip():
+        raise UsageFailure(f"{what}: an empty path")
+    try:
+        return out_folder(path)
+    except OutDirError as e:
+        raise UsageFailure(f"{what} {e}") from None
+
+
 def _specs(paths) -> list[Spec]:
     try:
         return [load_spec(p) for p in paths]
@@ -345,15 +357,7 @@ def precompile(specs, arch, out, jobs):
             raise UsageFailure(f"--arch: {a!r} is not one of {', '.join(ARCHS)}")
     t0 = time.time()
     loaded = _specs(specs)       # before --out is made, so a bad spec leaves no folder
-    if out is not None:
-        from .aot import _out_dir
-        if not out.strip():
-            raise UsageFailure("--out: an empty path (leave --out out for the cache root)")
-        try:
-            _out_dir(Path(out))
-        except ValueError as e:
-            raise UsageFailure(f"--out {e}") from None
-    res = run_pre(loaded, archs, Path(out) if out else None, jobs, log=click.echo)
+    res = run_pre(loaded, archs, _folder(out) if out is not None else None, jobs, log=click.echo)
     bad = [r for r in res if not r.ok]
     click.echo(f"precompile: {len(res) - len(bad)} ok, {len(bad)} failed, {time.time() - t0:.1f} s")
     for r in bad:
@@ -412,10 +416,7 @@ def recall(specs, contexts, index_topk, compress_ratio, queries, out, dump, seed
             raise UsageFailure(f"--context: {contexts!r} must list positive integers")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageFailure("--device cuda: no CUDA device")
-    try:            # --out is made and checked before the run, not after its minutes of work
-        Path(out).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageFailure(f"--out {out}: cannot create it ({e.strerror or e})") from None
+    _folder(out)    # made and checked before the run, not after its minutes of work
     _writable(Path(out) / "recall.json", "--out")
     use_cuda = device == "cuda" or (device == "auto" and all(cuda_archs(s) for s in ss))
     dev = "cuda" if use_cuda else "cpu"

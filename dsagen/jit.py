@@ -190,6 +190,11 @@ def check_entry(d: Path, key: str | None = None) -> str | None:
     return None
 
 
+def _reason(e: OSError) -> str:
+    """An OSError as ``strerror: path`` (the path that failed, which may be below the one tried)."""
+    return f"{e.strerror}: {e.filename}" if e.filename else f"{e.strerror or e}"
+
+
 def build_extension(name: str, sources: dict[str, str], archs: list[str], with_cuda: bool) -> Built:
     """Find in the cache, or build, the torch extension of rendered ``sources``.
 
@@ -239,16 +244,14 @@ def build_extension(name: str, sources: dict[str, str], archs: list[str], with_c
         except OSError:
             folder = False
         hint = f", or precompile into this one with `dsagen precompile --out {root}`" if folder else ""
-        where = f"{e.strerror}: {e.filename}" if e.filename else f"{e.strerror or e}"
         raise BuildError(f"{what} must be built but the cache root {root} is not writable "
-                         f"({where}): set DSAGEN_CACHE_DIR to a writable directory{hint}") from None
+                         f"({_reason(e)}): set DSAGEN_CACHE_DIR to a writable directory{hint}") from None
     try:
         locks.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        where = f"{e.strerror}: {e.filename}" if e.filename else f"{e.strerror or e}"
-        raise BuildError(f"{what} must be built but its lock folder {locks} cannot be made ({where}): "
-                         "set DSAGEN_LOCK_DIR to a writable directory"
-                         + ("" if os.environ.get("DSAGEN_LOCK_DIR") else " or DSAGEN_CACHE_DIR to a writable one")) from None
+        raise BuildError(f"{what} must be built but its lock folder {locks} cannot be made ({_reason(e)}): "
+                         "set DSAGEN_LOCK_DIR (by default under DSAGEN_CACHE_DIR) to a writable "
+                         "directory") from None
     import filelock   # only builds need it
 
     lock_path = locks / f"{name}-{key[:32]}.lock"

@@ -241,17 +241,17 @@ def test_cache_folder_error_suggests_precompile(tmp_path, monkeypatch, tiny):
 def test_precompile_out_dir_errors(tmp_path, monkeypatch):
     from dsagen import aot
     (tmp_path / "f").write_text("x")
-    assert aot._out_dir(tmp_path / "new" / "sub") == str((tmp_path / "new" / "sub").resolve())
+    assert aot.out_folder(tmp_path / "new" / "sub") == (tmp_path / "new" / "sub").resolve()
     for bad, msg in ((tmp_path / "f", "a file, not a folder"), (tmp_path / "f" / "sub", "cannot create"),
                      (Path("~no_such_user_dsagen/x"), "no_such_user_dsagen")):
         with pytest.raises(ValueError, match=msg):
-            aot._out_dir(bad)
+            aot.out_folder(bad)
 
     def denied(self, *a, **k):
         raise PermissionError(13, "Permission denied", str(self))
     monkeypatch.setattr(aot.Path, "exists", denied)       # a parent that cannot be searched
     with pytest.raises(ValueError, match="cannot create the folder.*Permission denied"):
-        aot._out_dir(tmp_path / "other")
+        aot.out_folder(tmp_path / "other")
 
 
 def test_lock_folder_error_names_it(tmp_path, monkeypatch, tiny):
