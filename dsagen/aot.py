@@ -21,7 +21,9 @@ from .spec import Spec
 @dataclass
 class VariantResult:
     """One build of :func:`precompile` (a build failure is reported here, ``ok`` False with
-    the error in ``note``, not raised). ``seconds``: its wall time; ``key``: the cache key."""
+    the error in ``note``, not raised). ``spec``: the spec's name, with its file where two
+    different specs share the name (:func:`spec_labels`); ``seconds``: its wall time; ``key``:
+    the cache key."""
     spec: str
     variant: str          # "cpu" or the CUDA arch
     ok: bool
@@ -29,6 +31,15 @@ class VariantResult:
     seconds: float = 0.0
     key: str = ""
     note: str = ""
+
+
+def spec_labels(specs: list[Spec]) -> list[str]:
+    """How :func:`precompile` names each spec in its output and results: the spec's name, or,
+    where two different specs share a name (e.g. a copy edited but not renamed), ``name
+    (source file)``."""
+    from collections import Counter
+    count = Counter(s.name for s in specs)
+    return [s.name if count[s.name] == 1 else f"{s.name} ({s.source})" for s in specs]
 
 
 def _worker_spec(spec_dict: dict, source: str, cache_dir: str | None) -> Spec:
@@ -123,6 +134,7 @@ def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, job
             continue
         seen[k] = s
         unique.append(s)
+    label = dict(zip(map(id, unique), spec_labels(unique)))
     cuda_torch = torch.version.cuda is not None
     nvcc = jit.find_nvcc()
     todo: list[tuple[Spec, str, list[str], bool]] = []
@@ -131,7 +143,7 @@ def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, job
         todo.append((s, "cpu", [], False))
         for a in archs:
             if a not in s.targets:
-                results.append(VariantResult(s.name, a, True, note="not a target of this spec: skipped"))
+                results.append(VariantResult(label[id(s)], a, True, note="not a target of this spec: skipped"))
             elif cuda_torch and nvcc:
                 todo.append((s, a, [a], True))
             else:
@@ -160,7 +172,7 @@ def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, job
             if variant == "cpu" or with_cuda:
                 futs[ex.submit(_build_variant, s.to_dict(), s.source, a, with_cuda, cache_dir)] = (s, variant, True)
             elif not nvcc:
-                report(VariantResult(s.name, variant, False, note="nvcc not found: CUDA not compiled"))
+                report(VariantResult(label[id(s)], variant, False, note="nvcc not found: CUDA not compiled"))
             else:
                 futs[ex.submit(_compile_only_variant, s.to_dict(), s.source, variant, cache_dir,
                                nvcc_jobs)] = (s, variant, False)
@@ -169,14 +181,14 @@ def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, job
             try:
                 if build:
                     key, cached, secs, _lib = f.result()
-                    r = VariantResult(s.name, variant, True, cached, secs, key,
+                    r = VariantResult(label[id(s)], variant, True, cached, secs, key,
                                       "already in the cache" if cached else "built")
                 else:
                     ok, secs, failures = f.result()
-                    r = VariantResult(s.name, variant, ok, seconds=secs,
+                    r = VariantResult(label[id(s)], variant, ok, seconds=secs,
                                       note=f"compiled with nvcc only ({why}): not packaged" if ok else failures)
             except Exception as e:  # noqa: BLE001 - reported per variant
-                r = VariantResult(s.name, variant, False, note=f"{type(e).__name__}: {e}")
+                r = VariantResult(label[id(s)], variant, False, note=f"{type(e).__name__}: {e}")
             report(r)
     return results
 

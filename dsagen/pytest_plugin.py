@@ -160,4 +160,4 @@ def pytest_collection_modifyitems(session, config, items):
     items.extend(added)
     # reported as collected (the terminal's "collected N items" counts collect reports), so
     # that -k / -m deselection is counted against them
-    config.hook.pytest_collectreport(report=pytest.CollectReport("", "passed", None, added))
+    config.hook.pytest_collectreport(report=pytest.CollectReport(session.nodeid, "passed", None, added))

@@ -266,6 +266,15 @@ def test_lock_folder_error_names_it(tmp_path, monkeypatch, tiny):
 
 # ---- precompile, cache commands, doctor ------------------------------------------------------
 
+def test_precompile_labels_specs_that_share_a_name():
+    from dsagen.aot import spec_labels
+    a = Spec.from_dict(TINY, source="a.yaml")
+    b = Spec.from_dict({**TINY, "page_size": 32}, source="b.yaml")      # an edited copy, same name
+    c = Spec.from_dict({**TINY, "name": "t_other"}, source="c.yaml")
+    assert spec_labels([a, b, c]) == ["t_jit_tiny (a.yaml)", "t_jit_tiny (b.yaml)", "t_other"]
+    assert spec_labels([a, c]) == ["t_jit_tiny", "t_other"]
+
+
 def _cli(*args, cache: Path, **extra) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dsagen.cli", *args], env=_env(cache, **extra),
                           capture_output=True, text=True, timeout=900)
