@@ -160,8 +160,12 @@ def fp8_mqa_logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor | None]
     Returns:
         fp32 ``[S, N]``.
     Raises:
+        TypeError: ``kv`` is not a pair ``(k, k_scale)`` (e.g. a bare tensor).
         RuntimeError: what :meth:`dsagen.ops.Ops.ragged_logits` raises for the inputs.
         dsagen.jit.BuildError: the first call builds the ops and the build fails.
     """
+    if not isinstance(kv, (tuple, list)) or len(kv) != 2:
+        raise TypeError(f"fp8_mqa_logits: kv must be the pair (k, k_scale) (k_scale None for unscaled "
+                        f"keys), got {type(kv).__name__}" + (f" of {len(kv)}" if isinstance(kv, (tuple, list)) else ""))
     k, k_scale = kv
     return _ops().ragged_logits(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)

@@ -86,7 +86,8 @@ class Ops:
               kv_scales: torch.Tensor | None = None) -> None:
         """Quantize ``k`` (bf16/fp16/fp32 ``[N, head_dim]``) into slots ``loc`` (int64 ``[N]``) of
         ``kv_cache`` (and, for a separate spec, ``kv_scales``) in place; matches
-        :func:`dsagen.reference.store` byte for byte.
+        :func:`dsagen.reference.store` byte for byte for finite keys (a NaN element is stored
+        as a NaN, whose sign and payload bits may differ from the reference's).
 
         Quantization per DESIGN.md section 2 (per block ``amax / max``, round to nearest even,
         saturating; ``pow2`` / ue8m0 scales rounded up to a power of two).
@@ -262,6 +263,11 @@ def _register_fake(ns: str) -> None:
         _one_device(ns, "paged_logits", q=q, kv_cache=kv_cache, weights=weights, context_lens=context_lens,
                     block_table=block_table, kv_scales=kv_scales, schedule=schedule)
         return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
+
+    @torch.library.register_fake(f"{ns}::store")
+    def _fake_store(k, kv_cache, loc, kv_scales=None):
+        _one_device(ns, "store", k=k, kv_cache=kv_cache, loc=loc, kv_scales=kv_scales)
+        return None
 
     @torch.library.register_fake(f"{ns}::paged_logits_schedule")
     def _fake_schedule(context_lens, block_table, next_n, max_context_len):

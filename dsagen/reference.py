@@ -124,6 +124,8 @@ def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | 
 
 def _key_bytes(kq: torch.Tensor, spec: Spec) -> torch.Tensor:
     """uint8 ``[N, key_bytes_per_token]`` storage of quantized keys (packs e2m1 nibbles)."""
+    if kq.shape[0] == 0:       # (an empty tensor's strides cannot always be viewed as bytes)
+        return torch.empty(0, spec.key_bytes_per_token, dtype=torch.uint8, device=kq.device)
     if spec.key.name == "e2m1":
         c = _e2m1_codes(kq.float())
         return c[:, 0::2] | (c[:, 1::2] << 4)
@@ -132,6 +134,8 @@ def _key_bytes(kq: torch.Tensor, spec: Spec) -> torch.Tensor:
 
 def _scale_bytes(scale: torch.Tensor, spec: Spec) -> torch.Tensor:
     """uint8 ``[N, scale_bytes_per_token]`` storage of float32 scales."""
+    if scale.shape[0] == 0:
+        return torch.empty(0, spec.scale_bytes_per_token, dtype=torch.uint8, device=scale.device)
     if spec.scale_dtype == "ue8m0":
         _, e = torch.frexp(scale)          # scale = 0.5 * 2**e exactly (a power of two)
         biased = e.long() - 1 + 127

@@ -17,6 +17,14 @@ from .spec import Spec
 __all__ = ["IndexerKCache", "topk"]
 
 
+def _same_kernels(a, b: Spec) -> bool:
+    # every field but the name and description: the same layout, shapes and targets
+    if not isinstance(a, Spec):
+        return False
+    strip = lambda s: {k: v for k, v in s.to_dict().items() if k not in ("name", "description")}  # noqa: E731
+    return strip(a) == strip(b)
+
+
 class IndexerKCache:
     """Indexer key cache of ``num_layers`` layers, ``num_pages`` pages each, one allocation.
 
@@ -33,9 +41,9 @@ class IndexerKCache:
         device: where the pool lives (the ops are loaded in ``__init__`` with
             ``dsagen.load(spec)``, which builds the CPU and, with a CUDA torch, the CUDA kernels
             of the spec, or finds them in the cache).
-        ops: already loaded ops (default: ``dsagen.load(spec)``).
+        ops: already loaded ops of the same spec (default: ``dsagen.load(spec)``).
     Raises:
-        ValueError: ``num_layers`` or ``num_pages`` < 1.
+        ValueError: ``num_layers`` or ``num_pages`` < 1, or ``ops`` built for another spec.
         dsagen.SpecError: a bad spec file. dsagen.jit.BuildError: the build fails.
     """
 
@@ -46,6 +54,9 @@ class IndexerKCache:
         if num_layers < 1 or num_pages < 1:
             raise ValueError("num_layers and num_pages must be >= 1")
         self.num_layers, self.num_pages = num_layers, num_pages
+        if ops is not None and not _same_kernels(getattr(ops, "spec", None), self.spec):
+            raise ValueError(f"ops: built for spec {getattr(getattr(ops, 'spec', None), 'name', ops)!r}, "
+                             f"not for {self.spec.name!r}: its layout or shapes differ")
         self.ops = ops if ops is not None else load(self.spec)
         self.layer_stride = -(-num_pages * self.spec.page_bytes // 256) * 256
         self.pool = torch.zeros(num_layers * self.layer_stride, dtype=torch.uint8, device=device)
@@ -109,10 +120,10 @@ class IndexerKCache:
                 ``[B*next_n, max_context_len]`` on ``q``'s device (checked before the call; no
                 broadcast or dtype conversion into it).
         """
-        if out is not None:
-            want = (q.shape[0] * q.shape[1], int(max_context_len)) if q.dim() == 4 else None
+        if out is not None and q.dim() == 4:   # (a q of another rank: the op's own error names q)
+            want = (q.shape[0] * q.shape[1], int(max_context_len))
             if out.dtype != torch.float32 or tuple(out.shape) != want or out.device != q.device:
-                raise RuntimeError(f"paged_logits: out must be fp32 {list(want) if want else '[B*next_n, max_context_len]'} "
+                raise RuntimeError(f"paged_logits: out must be fp32 {list(want)} "
                                    f"on {q.device}, got {out.dtype} {list(out.shape)} on {out.device}")
         res = self.ops.paged_logits(q, self.layer(layer), weights, context_lens, block_table,
                                     max_context_len, clean_logits, self.layer_scales(layer), schedule)

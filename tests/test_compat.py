@@ -65,6 +65,10 @@ def test_deepgemm_mqa_logits_signature(gen, device):
     v = torch.isfinite(ref)
     assert out.shape == (6, 40) and torch.equal(torch.isneginf(out), ~v)
     assert float((out[v].double() - ref[v]).norm() / ref[v].norm()) < 1e-4
+    # kv must be the pair (k, k_scale): a bare tensor of 2 rows would otherwise unpack into one
+    for bad in (k, k[:2], (k,), [k, sc, sc]):
+        with pytest.raises(TypeError, match=r"kv must be the pair \(k, k_scale\)"):
+            dg.fp8_mqa_logits(q, bad, w, ks, ke)
 
 
 @pytest.mark.parametrize("device", DEVICES)

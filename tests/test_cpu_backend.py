@@ -105,6 +105,9 @@ def test_store_empty(dsagen_spec, dsagen_ops, gen):
     before = (cache.clone(), None if scales is None else scales.clone())
     dsagen_ops.store(torch.randn(0, spec.head_dim), cache, torch.zeros(0, dtype=torch.int64), scales)
     assert torch.equal(cache, before[0]) and (scales is None or torch.equal(scales, before[1]))
+    # the reference takes the same call (its byte views of empty tensors used to fail)
+    R.store(torch.randn(0, spec.head_dim), cache, torch.zeros(0, dtype=torch.int64), spec, scales)
+    assert torch.equal(cache, before[0]) and (scales is None or torch.equal(scales, before[1]))
 
 
 def test_empty_batch(dsagen_spec, dsagen_ops, gen):
@@ -354,9 +357,33 @@ def test_one_input_on_meta_raises(dsagen_spec, dsagen_ops, gen):
     bad = (rq, rk, rsc.to("meta"), rw) if rsc is not None else (rq, rk.to("meta"), rsc, rw)
     with pytest.raises(RuntimeError, match="must be on one device"):
         ops.ragged_logits(*bad, ks, ke)
+    # store too (its fake form checks the devices; before, a NotImplementedError about PT2)
+    k, loc = torch.randn(3, spec.head_dim, generator=gen), torch.tensor([0, 1, 2])
+    for bad in ((k.to("meta"), cache, loc), (k, cache, loc.to("meta"))):
+        with pytest.raises(RuntimeError, match="store: .*must be on one device"):
+            ops.store(*bad, sc)
     m = [t.to("meta") for t in (q, cache, w, cl, bt)]
     out = ops.paged_logits(*m, 70, kv_scales=None if sc is None else sc.to("meta"))
     assert out.device.type == "meta" and out.shape == (2 * n, 70)
+
+
+def test_one_column_block_table_of_any_stride(dsagen_spec, dsagen_ops, gen):
+    """A ``[B, 1]`` block table whose column stride is not 1 (``pages[None].T``: torch calls it
+    contiguous, and ``.contiguous()`` leaves it so) is taken, with the same logits."""
+    spec, ops = dsagen_spec, dsagen_ops
+    cache, bt, sc = make_cache(spec, [spec.page_size, 3], gen, "cpu")
+    bt1 = bt[:, :1].contiguous()
+    odd = bt1[:, 0].clone()[None].T                      # strides (1, 2)
+    assert odd.stride() == (1, 2) and odd.is_contiguous()
+    n = spec.next_n[0]
+    q, w = random_q(spec, 2, n, gen, "cpu"), torch.randn(2 * n, spec.num_heads, generator=gen)
+    cl = torch.tensor([spec.page_size, 3], dtype=torch.int32)
+    want = ops.paged_logits(q, cache, w, cl, bt1, spec.page_size, kv_scales=sc)
+    assert torch.equal(ops.paged_logits(q, cache, w, cl, odd, spec.page_size, kv_scales=sc), want)
+    assert ops.paged_logits_schedule(cl, odd, n, spec.page_size).shape[0] == 0
+    with pytest.raises(RuntimeError, match="unit column stride"):    # two columns: still refused
+        ops.paged_logits(q, cache, w, cl, torch.zeros(2, 2, dtype=torch.int32).T.contiguous().T,
+                         2 * spec.page_size, kv_scales=sc)
 
 
 def _two_requests(spec, gen):

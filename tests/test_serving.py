@@ -174,6 +174,32 @@ def test_topk_never_selects_nan_and_checks_its_arguments(gen):
         topk(logits[0], torch.tensor([50]), 8)
 
 
+def test_pool_refuses_ops_of_another_spec(dsagen_spec, dsagen_ops):
+    """``ops`` built for a spec of another layout (the same page bytes, e.g. page-tail against
+    interleaved scales) would store and read the pool in one layout and gather it in another:
+    a ValueError. Ops of the same layout under another name are taken."""
+    from types import SimpleNamespace
+    spec = dsagen_spec
+    pool = IndexerKCache(spec.with_(name="renamed", description="same layout"), 1, 2, ops=dsagen_ops)
+    assert pool.ops is dsagen_ops
+    other = spec.with_(num_heads=spec.num_heads // 2 if spec.num_heads > 8 else 16)
+    for ops in (SimpleNamespace(spec=other), object()):
+        with pytest.raises(ValueError, match=f"ops: built for spec .* not for '{spec.name}'"):
+            IndexerKCache(spec, 1, 2, ops=ops)
+
+
+def test_pool_paged_logits_out_does_not_hide_a_bad_q(dsagen_spec, dsagen_ops, gen):
+    """With ``out`` given, a q of the wrong rank is reported as q (the op's error), not as a bad
+    ``out``."""
+    spec = dsagen_spec
+    pool = IndexerKCache(spec, 1, 2, ops=dsagen_ops)
+    q = random_q(spec, 1, spec.next_n[0], gen, "cpu")[:, 0]          # [B, H, D]: one rank short
+    out = torch.empty(spec.next_n[0], spec.page_size)
+    with pytest.raises(RuntimeError, match="q must be"):
+        pool.paged_logits(0, q, torch.randn(spec.next_n[0], spec.num_heads), torch.tensor([3], dtype=torch.int32),
+                          torch.zeros(1, 1, dtype=torch.int32), spec.page_size, out=out)
+
+
 def test_gather_refuses_invalid_page_ids(dsagen_spec, dsagen_ops, gen):
     """A -1 (block-table padding) or out-of-range page id where a request's keys are read is a
     ValueError, not the keys of another page."""

@@ -85,7 +85,8 @@ static void check_lens(const char* op, const at::Tensor& context_lens, const at:
                                           context_lens.size(1) == next_n)),
               "bf16_page64.", op, ": context_lens must be int32 [B] or [B, next_n] (B=", B, ")");
   TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) == B &&
-              block_table.stride(1) == 1, "bf16_page64.", op, ": block_table must be int32 [B, max_pages] with unit column stride");
+              (block_table.size(1) <= 1 || block_table.stride(1) == 1),   // (one column: any stride)
+              "bf16_page64.", op, ": block_table must be int32 [B, max_pages] with unit column stride");
   TORCH_CHECK(max_context_len >= 0 && max_context_len <= block_table.size(1) * kPageSize &&
               max_context_len < (int64_t(1) << 31),
               "bf16_page64.", op, ": max_context_len must be in [0, max_pages * page_size]");
