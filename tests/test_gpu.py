@@ -259,6 +259,32 @@ def test_many_short_requests(dsagen_spec, cuda_ops, gen, repro):
             assert row.passed and row.deterministic, (next_n, len(lens), row.note, repro)
 
 
+def test_one_column_block_table_of_any_stride_on_cuda(dsagen_spec, cuda_ops, gen, repro):
+    """A ``[B, 1]`` block table with column stride B (``pages[None].T``, which torch calls
+    contiguous) gives the same bits as a plain one, with the kernel's own schedule and with a
+    precomputed one (the kernels index rows by ``stride(0)``); against the reference too."""
+    spec = dsagen_spec
+    lens = [spec.page_size, 5, 17]
+    cache, bt, _ = make_cache(spec, lens, gen, "cuda")
+    plain = bt[:, :1].contiguous()
+    odd = plain[:, 0].clone()[None].T
+    assert odd.stride() == (1, 3)
+    cl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    for n in spec.next_n:
+        q = random_q(spec, 3, n, gen, "cuda")
+        w = torch.randn(3 * n, spec.num_heads, generator=gen).cuda()
+        want = cuda_ops.paged_logits(q, cache, w, cl, plain, spec.page_size)
+        sched = cuda_ops.paged_logits_schedule(cl, odd, n, spec.page_size)
+        for got in (cuda_ops.paged_logits(q, cache, w, cl, odd, spec.page_size),
+                    cuda_ops.paged_logits(q, cache, w, cl, odd, spec.page_size, schedule=sched)):
+            assert torch.equal(got, want), (n, repro)
+        ref = R.paged_logits(q.cpu(), cache.cpu(), w.cpu(), cl.cpu(), plain.cpu(), spec.page_size, True, spec,
+                             compute_dtype=torch.float64)
+        v = torch.isfinite(ref)
+        assert torch.equal(torch.isneginf(want.cpu()), ~v) and int(v.sum()) > 0
+        assert rel_err(want.cpu()[v], ref[v]) < logits_tolerance(spec, "cuda", n, cuda_ops.tuning)[0], (n, repro)
+
+
 def test_precomputed_schedule_gives_the_same_bits(dsagen_spec, cuda_ops, gen, repro):
     """paged_logits from a paged_logits_schedule equals, bitwise, the call that computes its
     own schedule: on the small-work and the main kernel, one and two schedule passes (B=600),
