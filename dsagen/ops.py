@@ -1,8 +1,9 @@
 """Load a spec's generated ops and expose them as Python callables.
 
 The ops are registered with ``torch.library`` under the namespace ``dsagen_<name>_<digest>``:
-``store`` mutates ``kv_cache`` (and ``kv_scales``) and returns nothing; ``paged_logits`` has a
-fake (meta) implementation so it traces under ``torch.compile``.
+``store`` mutates ``kv_cache`` (and ``kv_scales``) and returns nothing. Every op has a fake
+(meta) implementation, so it traces under ``torch.compile``; it checks that the inputs share
+one device, as the real op does.
 
 Schemas (the same for every spec)::
 
@@ -86,8 +87,8 @@ class Ops:
               kv_scales: torch.Tensor | None = None) -> None:
         """Quantize ``k`` (bf16/fp16/fp32 ``[N, head_dim]``) into slots ``loc`` (int64 ``[N]``) of
         ``kv_cache`` (and, for a separate spec, ``kv_scales``) in place; matches
-        :func:`dsagen.reference.store` byte for byte for finite keys (a NaN element is stored
-        as a NaN, whose sign and payload bits may differ from the reference's).
+        :func:`dsagen.reference.store` byte for byte for finite keys (for a NaN element the
+        stored bytes may differ: the sign and payload of a NaN, and e2m1 has no NaN code).
 
         Quantization per DESIGN.md section 2 (per block ``amax / max``, round to nearest even,
         saturating; ``pow2`` / ue8m0 scales rounded up to a power of two).
@@ -130,7 +131,8 @@ class Ops:
             weights: fp32 ``[B*next_n, num_heads]`` (query scales folded in by the caller).
             context_lens: int32 ``[B]`` or ``[B, next_n]``.
             block_table: int32 ``[B, max_pages]`` page ids into ``kv_cache`` (unit column
-                stride; columns past a request's length are never read).
+                stride, any stride with one column; rows at any stride; columns past a
+                request's length are never read).
             max_context_len: columns of the result, in ``[0, max_pages * page_size]``.
             clean_logits: write ``-inf`` where a key is not visible; without it those entries are
                 unspecified (DeepGEMM's rule) and may be non-finite (the sm_90a TMA kernel scores
@@ -153,8 +155,9 @@ class Ops:
             fp32 ``[B*next_n, max_context_len]``.
         Raises:
             RuntimeError: shapes or dtypes do not match the spec, next_n is not in the spec,
-                the tensors are not all on one device, ``block_table``'s column stride is not
-                1, ``kv_scales`` is missing for a separate spec or given for another, or
+                the tensors are not all on one device, ``block_table`` has more than one
+                column and a column stride other than 1, ``kv_scales`` is missing for a
+                separate spec or given for another, or
                 ``schedule`` is not a contiguous, 16-byte aligned int32 ``[num_sms, kSchedRow]``
                 tensor of this device (its row count this device's SM count),
                 ``max_context_len`` is out of range, ``kv_cache`` is not contiguous, or (CUDA)

@@ -18,11 +18,14 @@ __all__ = ["IndexerKCache", "topk"]
 
 
 def _same_kernels(a, b: Spec) -> bool:
-    # every field but the name and description: the same layout, shapes and targets
+    """Whether ops built for spec ``a`` serve a pool of spec ``b``: the same byte layout,
+    element types, head_dim and heads, and every next_n of ``b`` (name, description and
+    targets aside)."""
     if not isinstance(a, Spec):
         return False
-    strip = lambda s: {k: v for k, v in s.to_dict().items() if k not in ("name", "description")}  # noqa: E731
-    return strip(a) == strip(b)
+    same = lambda s: (s.layout, s.head_dim, s.num_heads, s.key_dtype, s.scale_dtype,  # noqa: E731
+                      s.scale_rounding, s.scale_block, s.scale_placement, s.page_bytes, s.scale_page_bytes)
+    return same(a) == same(b) and set(b.next_n) <= set(a.next_n)
 
 
 class IndexerKCache:
@@ -56,7 +59,7 @@ class IndexerKCache:
         self.num_layers, self.num_pages = num_layers, num_pages
         if ops is not None and not _same_kernels(getattr(ops, "spec", None), self.spec):
             raise ValueError(f"ops: built for spec {getattr(getattr(ops, 'spec', None), 'name', ops)!r}, "
-                             f"not for {self.spec.name!r}: its layout or shapes differ")
+                             f"not for {self.spec.name!r}: its layout, element types, heads or next_n differ")
         self.ops = ops if ops is not None else load(self.spec)
         self.layer_stride = -(-num_pages * self.spec.page_bytes // 256) * 256
         self.pool = torch.zeros(num_layers * self.layer_stride, dtype=torch.uint8, device=device)

@@ -262,27 +262,37 @@ def test_many_short_requests(dsagen_spec, cuda_ops, gen, repro):
 def test_one_column_block_table_of_any_stride_on_cuda(dsagen_spec, cuda_ops, gen, repro):
     """A ``[B, 1]`` block table with column stride B (``pages[None].T``, which torch calls
     contiguous) gives the same bits as a plain one, with the kernel's own schedule and with a
-    precomputed one (the kernels index rows by ``stride(0)``); against the reference too."""
+    precomputed one (the kernels index rows by ``stride(0)``): 3 requests (against the
+    reference too) and 6000 (past the small-work kernel's bound on sm_90, so both kernels)."""
+    from dsagen.codegen import paged_logits_kernel
     spec = dsagen_spec
-    lens = [spec.page_size, 5, 17]
-    cache, bt, _ = make_cache(spec, lens, gen, "cuda")
-    plain = bt[:, :1].contiguous()
-    odd = plain[:, 0].clone()[None].T
-    assert odd.stride() == (1, 3)
-    cl = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    for n in spec.next_n:
-        q = random_q(spec, 3, n, gen, "cuda")
-        w = torch.randn(3 * n, spec.num_heads, generator=gen).cuda()
-        want = cuda_ops.paged_logits(q, cache, w, cl, plain, spec.page_size)
-        sched = cuda_ops.paged_logits_schedule(cl, odd, n, spec.page_size)
-        for got in (cuda_ops.paged_logits(q, cache, w, cl, odd, spec.page_size),
-                    cuda_ops.paged_logits(q, cache, w, cl, odd, spec.page_size, schedule=sched)):
-            assert torch.equal(got, want), (n, repro)
-        ref = R.paged_logits(q.cpu(), cache.cpu(), w.cpu(), cl.cpu(), plain.cpu(), spec.page_size, True, spec,
-                             compute_dtype=torch.float64)
-        v = torch.isfinite(ref)
-        assert torch.equal(torch.isneginf(want.cpu()), ~v) and int(v.sum()) > 0
-        assert rel_err(want.cpu()[v], ref[v]) < logits_tolerance(spec, "cuda", n, cuda_ops.tuning)[0], (n, repro)
+    props = torch.cuda.get_device_properties(0)
+    ran = set()
+    for lens in ([spec.page_size, 5, 17], torch.randint(1, spec.page_size + 1, (6000,), generator=gen).tolist()):
+        B = len(lens)
+        cache, bt, _ = make_cache(spec, lens, gen, "cuda")
+        plain = bt[:, :1].contiguous()
+        odd = plain[:, 0].clone()[None].T
+        assert odd.stride() == (1, B)
+        cl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        for n in spec.next_n:
+            ran.add(paged_logits_kernel(spec, n, B, spec.page_size, props.multi_processor_count, props.major,
+                                        cuda_ops.tuning))
+            q = random_q(spec, B, n, gen, "cuda")
+            w = torch.randn(B * n, spec.num_heads, generator=gen).cuda()
+            want = cuda_ops.paged_logits(q, cache, w, cl, plain, spec.page_size)
+            sched = cuda_ops.paged_logits_schedule(cl, odd, n, spec.page_size)
+            for got in (cuda_ops.paged_logits(q, cache, w, cl, odd, spec.page_size),
+                        cuda_ops.paged_logits(q, cache, w, cl, odd, spec.page_size, schedule=sched)):
+                assert torch.equal(got, want), (B, n, repro)
+            ref = R.paged_logits(q[:3].cpu(), cache.cpu(), w[:3 * n].cpu(), cl[:3].cpu(), plain[:3].cpu(),
+                                 spec.page_size, True, spec, compute_dtype=torch.float64)
+            v = torch.isfinite(ref)
+            assert torch.equal(torch.isneginf(want[:3 * n].cpu()), ~v) and int(v.sum()) > 0
+            assert rel_err(want[:3 * n].cpu()[v], ref[v]) < logits_tolerance(spec, "cuda", n, cuda_ops.tuning)[0], \
+                (B, n, repro)
+    if "ws (small)" in ran:
+        assert "ws" in ran, ran
 
 
 def test_precomputed_schedule_gives_the_same_bits(dsagen_spec, cuda_ops, gen, repro):

@@ -180,12 +180,27 @@ def test_pool_refuses_ops_of_another_spec(dsagen_spec, dsagen_ops):
     a ValueError. Ops of the same layout under another name are taken."""
     from types import SimpleNamespace
     spec = dsagen_spec
-    pool = IndexerKCache(spec.with_(name="renamed", description="same layout"), 1, 2, ops=dsagen_ops)
-    assert pool.ops is dsagen_ops
-    other = spec.with_(num_heads=spec.num_heads // 2 if spec.num_heads > 8 else 16)
-    for ops in (SimpleNamespace(spec=other), object()):
+    # the same kernels: another name, description, target list, an explicit default page
+    # stride, fewer next_n in the pool's spec
+    same = [spec.with_(name="renamed", description="same layout"), spec.with_(targets=["sm_90a"]),
+            spec.with_(next_n=[spec.next_n[0]])]
+    if spec.page_bytes % 16 == 0:                   # (an explicit stride is a multiple of 16)
+        same.append(spec.with_(page_stride_bytes=spec.page_bytes))
+    for s in same:
+        assert IndexerKCache(s, 1, 2, ops=dsagen_ops).ops is dsagen_ops
+    others = [spec.with_(num_heads=spec.num_heads // 2 if spec.num_heads > 8 else 16),
+              spec.with_(page_stride_bytes=-(-spec.page_bytes // 16) * 16 + 16)]
+    if spec.scale_placement == "page_tail" and spec.scale_dtype != "none":
+        others.append(spec.with_(scale_placement="interleaved"))     # the same page bytes
+    for ops in [SimpleNamespace(spec=o) for o in others] + [object()]:
         with pytest.raises(ValueError, match=f"ops: built for spec .* not for '{spec.name}'"):
             IndexerKCache(spec, 1, 2, ops=ops)
+    # (and the other way round: the pool's spec differs from the ops', or asks a next_n they lack)
+    with pytest.raises(ValueError, match="ops: built for spec"):
+        IndexerKCache(others[0], 1, 2, ops=dsagen_ops)
+    if tuple(spec.next_n) != (1, 2, 3, 4):
+        with pytest.raises(ValueError, match="ops: built for spec"):
+            IndexerKCache(spec.with_(next_n=[1, 2, 3, 4]), 1, 2, ops=dsagen_ops)
 
 
 def test_pool_paged_logits_out_does_not_hide_a_bad_q(dsagen_spec, dsagen_ops, gen):

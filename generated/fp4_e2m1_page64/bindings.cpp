@@ -72,7 +72,8 @@ static void check_store(const at::Tensor& k, const at::Tensor& kv_cache, const a
 }
 
 // What paged_logits and paged_logits_schedule (`op`) take alike: next_n in the spec, int32
-// context_lens [B] or [B, next_n], int32 block_table [B, max_pages] with unit column stride and
+// context_lens [B] or [B, next_n], int32 block_table [B, max_pages] with unit column stride (any
+// stride with one column: only column 0 is read; rows are indexed by stride(0)) and
 // max_context_len in [0, max_pages * page_size], context_lens and block_table on one device.
 static void check_lens(const char* op, const at::Tensor& context_lens, const at::Tensor& block_table, int64_t B,
                        int64_t next_n, int64_t max_context_len) {
