@@ -18,6 +18,13 @@ the L2 is not what is measured. When even 64 sets stay under that total (small s
 read runs before each spin to evict the L2 (``l2_scrub`` in the row). CUDA-graph replay is
 available as the alternative (``method="graph"`` or ``DSAGEN_BENCH_METHOD=graph``).
 
+Before each row the GPU idles ``SETTLE_S`` seconds (2; ``DSAGEN_BENCH_SETTLE``, 0 for none;
+``settle_s`` in the meta row). Without it a short row right after a long one read slower: on
+an H100 (``benchmarks/RESULTS.md``, forty-fourth session) B=32 ctx 8192 next_n 2 took
+20.2-20.3 us (its own schedule) and up to 19.3 us (from a schedule) after a B=128 ctx 65536 or
+mixed row, against 18.3-18.5 / 17.3-17.6 us after a short row, and 18.5-18.6 / 17.4-17.7 us
+after any row with a 2-second pause (a longer warm-up, 100 calls, did not help).
+
 A paged-logits row on CUDA is timed twice: as a call that computes its own schedule (``us``)
 and from a precomputed ``paged_logits_schedule`` (``us_scheduled``, with ``schedule_us`` the
 schedule kernel's own time; a serving step makes one schedule for all of its layers). DeepGEMM
@@ -83,6 +90,7 @@ MIXED_MAX_CTX = 65536
 MIXED_SEED = 1234
 RERUNS = 20                       # bitwise determinism reruns per paged_logits row
 PAIRED_ROUNDS = 6                 # order-balanced rounds of the paired dsagen / DeepGEMM timing
+SETTLE_S = 2.0                    # the GPU idles this long before each row (env DSAGEN_BENCH_SETTLE)
 SPIN_MIN_US = 30.0                # the spin before each timed call lasts at least this long
 SPIN_MAX_US = 5000.0
 
@@ -723,18 +731,21 @@ class Bench:
         deepgemm: the imported ``deep_gemm`` module to time side by side on the fp8 page-tail
             layout (its ``fp8_paged_mqa_logits`` on the same inputs), or None.
         log: where progress lines go (default: print to stdout, flushed).
+        settle_s: seconds the device idles (synchronized, then a host sleep) before each row,
+            so that a row is not timed while the card recovers from the last (module docstring).
     """
 
     def __init__(self, device, timer, copy_GBps: float, runs: int = 100, warmup: int = 10,
                  fallback_runs: int = 10, reruns: int = RERUNS, l2_target: int = L2_TARGET_BYTES,
                  max_sets: int = MAX_SETS, seed: int = 0, deepgemm=None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, settle_s: float = 0.0):
         self.device = torch.device(device)
         self.timer = timer
         self.copy_GBps = float(copy_GBps)
         self.runs, self.warmup, self.fallback_runs, self.reruns = runs, warmup, fallback_runs, reruns
         self.l2_target, self.max_sets, self.seed = l2_target, max_sets, seed
         self.deepgemm = deepgemm
+        self.settle_s = float(settle_s)
         self.log = log or (lambda s: print(s, flush=True))
         self._scrub: torch.Tensor | None = None
 
@@ -789,6 +800,10 @@ class Bench:
         """One row for ``shape`` (errors are caught and recorded in ``row["error"]``)."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        if self.settle_s > 0:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            time.sleep(self.settle_s)
         row = self._base_row(spec, shape)
         try:
             if shape.op == "paged_logits":
@@ -1148,6 +1163,7 @@ def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | No
         print(s, flush=True)
 
     method = method or config.bench_method()
+    settle_s = config.bench_settle_s(SETTLE_S)
     runs = max(50, runs or (50 if quick else 100))
     meta = device_meta()
     log(f"dsagen bench {__version__} ({meta['git'] or 'no git'})  {meta['date']}")
@@ -1160,14 +1176,15 @@ def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | No
         f"GiB moved by a device-to-device copy, median of {cp['copy_runs']})")
     log(f"timing: {method}, CUDA events, spin >= {SPIN_MIN_US:.0f} us before each call "
         f"({timer.cycles_per_us:.0f} cycles/us), median of {runs} runs, inputs rotated over >= "
-        f"{MIN_SETS} sets totalling >= {L2_TARGET_BYTES / 1e6:.0f} MB")
-    meta_row = {"op": "meta", **meta, **cp, "method": method, "runs": runs,
+        f"{MIN_SETS} sets totalling >= {L2_TARGET_BYTES / 1e6:.0f} MB, the GPU idle {settle_s:g} s before each row")
+    meta_row = {"op": "meta", **meta, **cp, "method": method, "runs": runs, "settle_s": settle_s,
                 "sleep_cycles_per_us": round(timer.cycles_per_us, 1),
                 "l2_target_mb": L2_TARGET_BYTES / 1e6, "quick": bool(quick),
                 "specs": [s.name for s in specs], "tuning": tuning or {}}
     rows: list[dict] = [meta_row]
     dg = _deep_gemm()
-    bench = Bench("cuda", timer, cp["copy_GBps"], runs=runs, seed=seed, deepgemm=dg, log=log)
+    bench = Bench("cuda", timer, cp["copy_GBps"], runs=runs, seed=seed, deepgemm=dg, log=log,
+                  settle_s=settle_s)
     shape_list = [_as_shape(s) for s in shapes] if shapes is not None else None
     for spec in specs:
         t0 = time.time()

@@ -274,6 +274,7 @@ def bench(specs, json_out, quick, tuning):
     \b
     Environment:
       DSAGEN_BENCH_METHOD   spin (default: launch hidden behind a GPU spin) or graph (CUDA-graph replay)
+      DSAGEN_BENCH_SETTLE   seconds the GPU idles before each row (default 2; 0: none)
       DSAGEN_BENCH_PARTIAL  a JSON file rewritten with the rows so far after each row
       DSAGEN_BENCH_GIT      the rows' `git` field, for a tree copied without its .git
     """

@@ -26,7 +26,7 @@ from pathlib import Path
 ENV_VARS = ("DSAGEN_CACHE_DIR", "DSAGEN_LOCK_DIR", "DSAGEN_LOCK_TIMEOUT", "DSAGEN_ARCH_LIST",
             "DSAGEN_JIT_VERBOSE", "DSAGEN_JIT_DEBUG", "DSAGEN_JIT_LINEINFO", "DSAGEN_NVCC_FLAGS",
             "DSAGEN_MAX_JOBS", "DSAGEN_DISABLE_JIT", "DSAGEN_BENCH_METHOD", "DSAGEN_BENCH_PARTIAL",
-            "DSAGEN_BENCH_GIT")
+            "DSAGEN_BENCH_GIT", "DSAGEN_BENCH_SETTLE")
 
 
 def _flag(name: str) -> bool:
@@ -100,10 +100,11 @@ def max_jobs() -> int | None:
 
 def check() -> list[str]:
     """The problems of the set ``DSAGEN_*`` variables that have a format (``DSAGEN_LOCK_TIMEOUT``,
-    ``DSAGEN_MAX_JOBS``, ``DSAGEN_BENCH_METHOD``), one message each; empty when all are good.
-    The CLI refuses to start with any (exit status 2); ``dsagen doctor`` lists them."""
+    ``DSAGEN_MAX_JOBS``, ``DSAGEN_BENCH_METHOD``, ``DSAGEN_BENCH_SETTLE``), one message each;
+    empty when all are good. The CLI refuses to start with any (exit status 2); ``dsagen
+    doctor`` lists them."""
     out = []
-    for fn in (lock_timeout, max_jobs, bench_method):
+    for fn in (lock_timeout, max_jobs, bench_method, lambda: bench_settle_s(0.0)):
         try:
             fn()
         except ValueError as e:
@@ -130,6 +131,21 @@ def bench_method() -> str:
     if m not in BENCH_METHODS:
         raise ValueError(f"DSAGEN_BENCH_METHOD={m!r}: must be 'spin' or 'graph'")
     return m
+
+
+def bench_settle_s(default: float) -> float:
+    """Seconds ``dsagen bench`` waits, the GPU idle, before each row (``DSAGEN_BENCH_SETTLE``,
+    else ``default``). ValueError naming the variable where it is not a number in [0, 600]."""
+    v = os.environ.get("DSAGEN_BENCH_SETTLE")
+    if not v:
+        return default
+    try:
+        s = float(v)
+    except ValueError:
+        s = -1.0
+    if not 0 <= s <= 600:
+        raise ValueError(f"DSAGEN_BENCH_SETTLE={v!r}: must be a number of seconds in [0, 600]")
+    return s
 
 
 def bench_partial() -> str | None:

@@ -171,6 +171,20 @@ def test_make_store_inputs_cpu():
         Bn.make_store_inputs(FP8, 10, seed=1, device="cpu", slots="sorted")
 
 
+def test_bench_settles_before_each_row(monkeypatch):
+    """With ``settle_s`` the bench idles that long before every row (the module docstring says
+    why), and not at all with 0."""
+    slept = []
+    monkeypatch.setattr(Bn.time, "sleep", slept.append)
+    shapes = (Bn.Shape("store", N=5), Bn.Shape("paged_logits", B=2, next_n=1, ctx=70))
+    for settle, want in ((0.25, [0.25, 0.25]), (0.0, [])):
+        slept.clear()
+        b = Bn.Bench("cpu", Bn.HostTimer(), copy_GBps=100.0, runs=3, warmup=1, fallback_runs=2, reruns=2,
+                     l2_target=1, max_sets=4, log=lambda s: None, settle_s=settle)
+        rows = [b.bench(RefOps(FP8), FP8, s) for s in shapes]
+        assert all(r["error"] is None for r in rows) and slept == want
+
+
 def test_bench_rows_cpu():
     """The whole row pipeline with a host timer and reference ops on tiny shapes."""
     logs = []
@@ -400,4 +414,10 @@ def test_bench_env_settings(monkeypatch):
     monkeypatch.setenv("DSAGEN_BENCH_METHOD", "graph")
     monkeypatch.setenv("DSAGEN_BENCH_PARTIAL", "/tmp/rows.json")
     assert config.bench_method() == "graph" and config.bench_partial() == "/tmp/rows.json"
+    monkeypatch.delenv("DSAGEN_BENCH_SETTLE", raising=False)
+    assert config.bench_settle_s(2.0) == 2.0
+    monkeypatch.setenv("DSAGEN_BENCH_SETTLE", "0")
+    assert config.bench_settle_s(2.0) == 0.0
+    monkeypatch.setenv("DSAGEN_BENCH_SETTLE", "0.5")
+    assert config.bench_settle_s(2.0) == 0.5 and "DSAGEN_BENCH_SETTLE" in config.settings()
     assert {"DSAGEN_BENCH_METHOD", "DSAGEN_BENCH_PARTIAL"} <= set(config.settings())

@@ -119,7 +119,10 @@ def test_bench_bad_tuning_value_is_a_usage_error(tuning, msg, monkeypatch):
                                              ("DSAGEN_LOCK_TIMEOUT", "nan", "a number of seconds"),
                                              ("DSAGEN_MAX_JOBS", "x", "an integer >= 1"),
                                              ("DSAGEN_MAX_JOBS", "0", "an integer >= 1"),
-                                             ("DSAGEN_BENCH_METHOD", "cuda", "'spin' or 'graph'")])
+                                             ("DSAGEN_BENCH_METHOD", "cuda", "'spin' or 'graph'"),
+                                             ("DSAGEN_BENCH_SETTLE", "abc", "a number of seconds"),
+                                             ("DSAGEN_BENCH_SETTLE", "-1", "a number of seconds"),
+                                             ("DSAGEN_BENCH_SETTLE", "nan", "a number of seconds")])
 def test_bad_environment_variable_is_a_usage_error(var, value, msg, monkeypatch, tmp_path):
     """A malformed DSAGEN_* variable stops every command before any work (exit 2, one line
     naming it), whether or not a build would read it; `dsagen doctor` lists it instead."""
@@ -135,11 +138,11 @@ def test_bad_environment_variable_is_a_usage_error(var, value, msg, monkeypatch,
         assert r.exit_code == 0 and "Usage:" in r.output, (help_args, r.output)
     # the library raises the same message where it reads the variable
     from dsagen import config
-    if var != "DSAGEN_BENCH_METHOD":
-        with pytest.raises(ValueError, match=var):
-            (config.lock_timeout if var == "DSAGEN_LOCK_TIMEOUT" else config.max_jobs)()
+    with pytest.raises(ValueError, match=var):
+        {"DSAGEN_LOCK_TIMEOUT": config.lock_timeout, "DSAGEN_MAX_JOBS": config.max_jobs,
+         "DSAGEN_BENCH_METHOD": config.bench_method, "DSAGEN_BENCH_SETTLE": lambda: config.bench_settle_s(2.0)}[var]()
     for good in {"DSAGEN_LOCK_TIMEOUT": ("2.5", "0", "-1", "inf"), "DSAGEN_MAX_JOBS": ("3", " 4 ", "+4"),
-                 "DSAGEN_BENCH_METHOD": ("graph", "spin")}[var]:
+                 "DSAGEN_BENCH_METHOD": ("graph", "spin"), "DSAGEN_BENCH_SETTLE": ("0", "2", "0.5", "")}[var]:
         monkeypatch.setenv(var, good)
         assert config.check() == [], good
     monkeypatch.setenv("DSAGEN_LOCK_TIMEOUT", "inf")
