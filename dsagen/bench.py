@@ -22,7 +22,7 @@ Before each row the GPU idles ``SETTLE_S`` seconds (2; ``DSAGEN_BENCH_SETTLE``, 
 ``settle_s`` in the meta row). Without it a short row right after a long one read slower: on
 an H100 (``benchmarks/RESULTS.md``, forty-fourth session) B=32 ctx 8192 next_n 2 took
 20.2-20.3 us (its own schedule) and up to 19.3 us (from a schedule) after a B=128 ctx 65536 or
-mixed row, against 18.3-18.5 / 17.3-17.6 us after a short row, and 18.5-18.6 / 17.4-17.7 us
+mixed row, against 18.2-18.5 / 17.3-17.6 us after a short row, and 18.5-18.6 / 17.4-17.7 us
 after any row with a 2-second pause (a longer warm-up, 100 calls, did not help).
 
 A paged-logits row on CUDA is timed twice: as a call that computes its own schedule (``us``)

@@ -44,9 +44,12 @@ class IndexerKCache:
         device: where the pool lives (the ops are loaded in ``__init__`` with
             ``dsagen.load(spec)``, which builds the CPU and, with a CUDA torch, the CUDA kernels
             of the spec, or finds them in the cache).
-        ops: already loaded ops of the same spec (default: ``dsagen.load(spec)``).
+        ops: already loaded ops (default: ``dsagen.load(spec)``) of a spec with the same byte
+            layout, element types, head_dim and heads, and every next_n of ``spec`` (its name,
+            description and targets may differ).
     Raises:
-        ValueError: ``num_layers`` or ``num_pages`` < 1, or ``ops`` built for another spec.
+        ValueError: ``num_layers`` or ``num_pages`` < 1, or ``ops`` built for a spec that
+            differs in any of those.
         dsagen.SpecError: a bad spec file. dsagen.jit.BuildError: the build fails.
     """
 
