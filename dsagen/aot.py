@@ -365,8 +365,11 @@ def doctor() -> list[tuple[str, str]]:
         rows.append(("cutlass headers", str(e)))
     root = config.cache_root()
     es = entries(root)
-    rows.append(("cache root", f"{root} ({'exists' if root.exists() else 'absent'}, "
-                               f"{'writable' if os.access(root if root.exists() else root.parent, os.W_OK) else 'read-only'})"))
+    if root.exists() and not root.is_dir():
+        rows.append(("cache root", f"{root} (NOT A FOLDER: a build will fail; set DSAGEN_CACHE_DIR to a folder)"))
+    else:
+        rows.append(("cache root", f"{root} ({'exists' if root.exists() else 'absent'}, "
+                                   f"{'writable' if os.access(root if root.exists() else root.parent, os.W_OK) else 'read-only'})"))
     usable = len([e for e in es if e.status == 'ok'])
     rows.append(("cache", f"{usable} usable {'entry' if usable == 1 else 'entries'}, "
                           f"{sum(e.size for e in es) / 2**20:.1f} MiB, "

@@ -51,6 +51,18 @@ def _specs(paths) -> list[Spec]:
         raise UsageFailure(str(e)) from None
 
 
+def _one_folder_per_name(specs: list[Spec]) -> list[Spec]:
+    """``specs``, or a UsageFailure where two different specs share a name (they would be
+    rendered into the same ``<name>/`` folder, the second over the first)."""
+    first: dict[str, Spec] = {}
+    for s in specs:
+        f = first.setdefault(s.name, s)
+        if f is not s and f.to_dict() != s.to_dict():
+            raise UsageFailure(f"{s.source} and {f.source} are different specs named {s.name!r}: "
+                               f"both would be written to {s.name}/; rename one")
+    return specs
+
+
 class _Group(click.Group):
     """click.Group that notes whether the command line asks for help anywhere (so the group's
     environment check does not stop a subcommand's --help)."""
@@ -104,7 +116,7 @@ def render(specs, out):
     from .codegen import write_generated
     if out is not None and not out.strip():
         raise UsageFailure("--out: an empty path (leave --out out for generated/<name>/)")
-    for s in _specs(specs):
+    for s in _one_folder_per_name(_specs(specs)):
         try:
             d = write_generated(s, Path(out) / s.name if out else None)
         except OSError as e:
@@ -207,7 +219,7 @@ def compile(specs, json_out, no_nvcc, seed):  # noqa: A001 - the command is call
     ok = True
     unrun: set = set()
     uncompiled: set = set()
-    for s in _specs(specs):
+    for s in _one_folder_per_name(_specs(specs)):
         ok &= _compile_one(s, rows, nvcc_check=not no_nvcc, unrun=unrun, uncompiled=uncompiled, seed=seed)
     if json_out:
         Path(json_out).write_text(json.dumps(rows, indent=1))
@@ -329,7 +341,11 @@ def report(files, spec_name, op, plot_out):
         runs = load_runs(files)
     except ValueError as e:
         raise UsageFailure(str(e)) from None
+    from .report import cards
     sums = summarize(runs, spec=spec_name, op=op)
+    if len(cards(runs)) > 1:
+        click.echo(f"warning: these files come from {len(cards(runs))} cards ({', '.join(cards(runs))}): "
+                   "each range below mixes them; give the files of one card to compare runs", err=True)
     if not sums:
         raise UsageFailure("no bench rows" + (f" of spec {spec_name}" if spec_name else "")
                            + (f" of op {op}" if op else "") + " in these files")
@@ -417,6 +433,7 @@ def recall(specs, contexts, index_topk, compress_ratio, queries, out, dump, seed
             raise UsageFailure(f"--context: {contexts!r} must list positive integers")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageFailure("--device cuda: no CUDA device")
+    made = not Path(out).exists()
     _folder(out)    # made and checked before the run, not after its minutes of work
     _writable(Path(out) / "recall.json", "--out")
     use_cuda = device == "cuda" or (device == "auto" and all(cuda_archs(s) for s in ss))
@@ -437,6 +454,8 @@ def recall(specs, contexts, index_topk, compress_ratio, queries, out, dump, seed
                          num_queries=queries, seed=seed, device=dev, dump=dump, log=log,
                          rotate=hadamard, progress=progress)
     except (ValueError, FileNotFoundError) as e:
+        if made and Path(out).is_dir() and not any(Path(out).iterdir()):
+            Path(out).rmdir()        # a usage error leaves no empty folder behind
         raise UsageFailure(str(e)) from None
     except jit.BuildError as e:
         click.echo(f"BUILD FAILED:\n{e}", err=True)
@@ -462,10 +481,20 @@ def cache():
     """Inspect and clean the build cache (DSAGEN_CACHE_DIR)."""
 
 
+def _cache_root_is_a_folder() -> None:
+    """UsageFailure where the cache root exists but is not a folder (the cache commands would
+    otherwise report an empty cache)."""
+    from . import config
+    root = config.cache_root()
+    if root.exists() and not root.is_dir():
+        raise UsageFailure(f"cache root {root} is not a folder: set DSAGEN_CACHE_DIR to a folder")
+
+
 @cache.command("ls")
 def cache_ls():
     """One line per cache entry."""
     from .aot import entries
+    _cache_root_is_a_folder()
     for e in entries():
         click.echo(f"{e.name:<48} {e.key:<16} {e.variant:<12} {e.size / 2**20:8.1f} MiB  {e.built:<19}  {e.status}")
 
@@ -475,6 +504,7 @@ def cache_du():
     """Total size and entry count."""
     from . import config
     from .aot import aux_dirs, entries
+    _cache_root_is_a_folder()
     es = entries()
     aux = aux_dirs()
     total = sum(e.size for e in es) + sum(a[3] for a in aux)
@@ -488,9 +518,10 @@ def cache_du():
 def cache_verify():
     """Check each entry's manifest and library checksum; exit 1 if any is unusable."""
     from .aot import entries
+    _cache_root_is_a_folder()
     bad = 0
     for e in entries():
-        click.echo(f"{e.name:<48} {e.status}")
+        click.echo(f"{e.name:<48} {e.key:<16} {e.status}")
         bad += e.status != "ok"
     sys.exit(1 if bad else 0)
 
@@ -504,6 +535,7 @@ def cache_prune(everything, older_than):
     clear the render memo and template bytecode: all of it, or the files older than DAYS; a
     memo's age counts from its last use, a bytecode file's from when it was written)."""
     from .aot import prune, prune_aux
+    _cache_root_is_a_folder()
     if older_than is not None and not math.isfinite(older_than):
         raise UsageFailure(f"--older-than {older_than}: must be a finite number of days > 0")
     gone = prune(everything=everything, older_than_days=older_than)

@@ -52,6 +52,11 @@ __all__ = [
 ]
 
 DEFAULT_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)
+# bounds on the run's size (the exact float64 logits are [queries, heads, keys]); larger values
+# are refused with a ValueError rather than left to fail in an allocation
+MAX_KEYS = 1 << 20
+MAX_INDEX_TOPK = 1 << 20
+MAX_QUERIES = 1 << 14
 DEFAULT_MARGINS = (1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 0.0003)
 DEFAULT_QUERIES = 64
 RECALL_TARGET = 0.99
@@ -330,7 +335,7 @@ def load_dump(path: str | Path) -> Inputs:
             raise ValueError(f"{path}: {name} has non-finite values")
     if "lengths" in t:
         lengths = t["lengths"]
-        if lengths.shape != (T,) or lengths.is_floating_point():
+        if lengths.shape != (T,) or lengths.is_floating_point() or lengths.dtype == torch.bool:
             raise ValueError(f"{path}: lengths must be an integer [T={T}] tensor, got "
                              f"{lengths.dtype} {list(lengths.shape)}")
         lengths = lengths.long()
@@ -502,6 +507,9 @@ def run_recall(specs: Sequence[Spec], *, contexts: Sequence[int] | None = None,
         raise ValueError("no spec given")
     if compress_ratio < 1 or index_topk < 1 or num_queries < 1:
         raise ValueError("--compress-ratio, --index-topk and --queries must be >= 1")
+    if index_topk > MAX_INDEX_TOPK or num_queries > MAX_QUERIES:
+        raise ValueError(f"--index-topk must be <= {MAX_INDEX_TOPK} and --queries <= {MAX_QUERIES} "
+                         f"(got {index_topk}, {num_queries})")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or cuda, got {device!r}")
     dumped = load_dump(dump) if dump is not None else None
@@ -512,6 +520,9 @@ def run_recall(specs: Sequence[Spec], *, contexts: Sequence[int] | None = None,
     for c in contexts:
         if c < compress_ratio:
             raise ValueError(f"context {c} is shorter than compress_ratio {compress_ratio}: no key")
+        if c // compress_ratio > MAX_KEYS:
+            raise ValueError(f"context {c} needs {c // compress_ratio} keys; at most {MAX_KEYS} "
+                             f"(context {MAX_KEYS * compress_ratio} at compress_ratio {compress_ratio})")
         if dumped is not None and c // compress_ratio > dumped.num_keys:
             raise ValueError(f"context {c} needs {c // compress_ratio} keys; the dump has "
                              f"{dumped.num_keys} (at most context {dumped.num_keys * compress_ratio})")

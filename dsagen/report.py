@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Run", "load_runs", "summarize", "markdown", "plot"]
+__all__ = ["Run", "load_runs", "summarize", "markdown", "plot", "cards"]
 
 # (column header, row field, format) of the summary, in table order; a column is printed when
 # any of its rows has the field
@@ -47,14 +47,23 @@ class Run:
 
 
 def load_runs(paths) -> list[Run]:
-    """Read bench JSON files (lists of row objects, as ``dsagen bench --json`` writes them).
+    """Read bench JSON files (lists of row objects, as ``dsagen bench --json`` writes them). A
+    file given twice (the same resolved path) is read once, so it is not counted twice.
 
     Raises:
         ValueError: a file that cannot be read, is not UTF-8 JSON or not a list of objects (the
             message names it).
     """
     runs = []
+    seen = set()
     for p in paths:
+        try:
+            real = Path(p).resolve()
+        except (OSError, RuntimeError):
+            real = Path(p)
+        if real in seen:
+            continue
+        seen.add(real)
         try:
             text = Path(p).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
@@ -100,9 +109,16 @@ def shape_label(key: tuple) -> str:
     return f"B={s[1]} next_n={s[2]} ctx={s[3]}"
 
 
+def cards(runs: list[Run]) -> list[str]:
+    """The distinct cards (the meta rows' ``card``, ``"?"`` where a file has none) of ``runs``,
+    in file order: more than one means each summary range mixes cards."""
+    return list(dict.fromkeys(str(r.meta.get("card") or "?") for r in runs))
+
+
 @dataclass
 class Summary:
-    """One (spec, op, shape) over the runs: ``runs`` files had it without an error, ``errors``
+    """One (spec, op, shape) over the runs: ``runs`` rows had it without an error (one per file
+    for bench outputs; a file that times a shape twice gives two), ``errors``
     had it with one; ``values[field]`` the field's values over those runs, in file order;
     ``bitwise`` False when any run's ``bitwise_20_reruns`` was False (None when none said)."""
     key: tuple

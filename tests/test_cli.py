@@ -86,6 +86,23 @@ def test_render_out(tmp_path, monkeypatch):
             assert (tmp_path / name / p.name).read_text() == p.read_text()
 
 
+def test_render_and_compile_refuse_two_specs_of_one_name(tmp_path, monkeypatch):
+    """Two different specs named alike would be written to one <name>/ folder (the second over
+    the first): a usage error before anything is written. The same spec twice is fine."""
+    import yaml
+    monkeypatch.chdir(REPO)
+    d = yaml.safe_load((REPO / "specs" / "bf16_page64.yaml").read_text())
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(d))
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump({**d, "page_size": 32}))
+    out = tmp_path / "out"
+    for cmd in (["render", "--out", str(out)], ["compile", "--no-nvcc"]):
+        r = _run(*cmd, str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"))
+        assert r.exit_code == 2 and "are different specs named 'bf16_page64'" in r.output, r.output
+    assert not out.exists()
+    r = _run("render", "--out", str(out), str(tmp_path / "a.yaml"), "specs/bf16_page64.yaml")
+    assert r.exit_code == 0 and (out / "bf16_page64" / "layout.h").is_file(), r.output
+
+
 def test_verify_cpu_cli(monkeypatch):
     monkeypatch.chdir(REPO)
     r = _run("verify", "--device", "cpu", "specs/bf16_page64.yaml")
@@ -263,6 +280,22 @@ def test_cache_commands_touch_only_dsagen_folders(tmp_path, monkeypatch):
     assert r.exit_code == 0 and "3 removed" in r.output, r.output
     assert all(d.exists() for d in keep) and not any(d.exists() for d in ours)
     assert (root / "my project" / "src" / "main.c").read_text() == "int main;"
+
+
+def test_cache_root_that_is_a_file_is_reported(tmp_path, monkeypatch):
+    """A DSAGEN_CACHE_DIR that names a file: the cache commands say so (exit 2) instead of
+    reporting an empty cache, `doctor` flags it, and `--help` still prints."""
+    f = tmp_path / "cachefile"
+    f.write_text("x")
+    monkeypatch.setenv("DSAGEN_CACHE_DIR", str(f))
+    for args in (["cache", "ls"], ["cache", "du"], ["cache", "verify"], ["cache", "prune"]):
+        r = _run(*args)
+        assert r.exit_code == 2 and f"cache root {f} is not a folder" in r.output, (args, r.output)
+    r = _run("cache", "ls", "--help")
+    assert r.exit_code == 0 and "Usage:" in r.output
+    r = _run("doctor")
+    assert r.exit_code == 0 and "NOT A FOLDER" in r.output, r.output
+    assert f.read_text() == "x"
 
 
 def test_concurrent_prunes_skip_what_the_other_removed(tmp_path, monkeypatch):

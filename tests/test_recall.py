@@ -307,6 +307,10 @@ def test_load_dump_errors(tmp_path, gen):
                "weights": torch.randn(2, 8, generator=gen)}, str(p))
     with pytest.raises(ValueError, match="do not fit"):
         RC.load_dump(p)
+    save_file({"q": torch.randn(2, 8, 32, generator=gen), "k": torch.randn(9, 32, generator=gen),
+               "weights": torch.randn(2, 8, generator=gen), "lengths": torch.ones(2, dtype=torch.bool)}, str(p))
+    with pytest.raises(ValueError, match="lengths must be an integer"):
+        RC.load_dump(p)                              # (bool is not a length)
     _dump(p, gen, T=3, H=8, D=32, N=40, lengths=False)
     inp = RC.load_dump(p)
     assert inp.q.shape == (3, 8, 32) and inp.lengths.tolist() == [40] * 3 and inp.needle_pos is None
@@ -320,6 +324,15 @@ def test_cli_recall_bad_usage(tmp_path):
     assert r.exit_code == 2 and "--context" in r.output
     r = CliRunner().invoke(main, ["recall", str(BF16), "--context", "3", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "shorter than compress_ratio 4" in r.output
+    # sizes past the bounds are one line, not an allocation failure; a new --out is not left behind
+    for args, msg in ((["--index-topk", str(10**10)], "--index-topk must be <="),
+                      (["--index-topk", str(10**20)], "--index-topk must be <="),
+                      (["--queries", str(3 * 10**9)], "--queries <="),
+                      (["--context", str(10**10)], "keys; at most")):
+        new = tmp_path / "new_out"
+        r = CliRunner().invoke(main, ["recall", str(BF16), "--device", "cpu", *args, "--out", str(new)])
+        assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, (args, r.output)
+        assert not new.exists()
 
 
 def test_cli_recall_bad_out_fails_before_the_run(tmp_path):

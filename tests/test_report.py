@@ -70,6 +70,22 @@ def test_ranges_are_median_min_max_over_files(tmp_path):
     assert "DeepGEMM" not in store_table
 
 
+def test_a_file_given_twice_counts_once_and_mixed_cards_are_flagged(tmp_path):
+    rng = random.Random()
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    _bench_file(a, rng)
+    rows = _bench_file(b, rng)
+    assert len(R.load_runs([a, a, tmp_path / "." / "a.json"])) == 1
+    assert [s.runs for s in R.summarize(R.load_runs([a, a]))] == [1] * 5
+    r = CliRunner().invoke(main, ["report", str(a), str(a), str(b)])
+    assert r.exit_code == 0 and "| B=32 next_n=1 ctx=8192 | 2 |" in r.output and "warning" not in r.output
+    rows[0]["card"] = "Other GPU"
+    b.write_text(json.dumps(rows))
+    assert R.cards(R.load_runs([a, b])) == ["Test GPU", "Other GPU"]
+    r = CliRunner().invoke(main, ["report", str(a), str(b)])
+    assert r.exit_code == 0 and "warning: these files come from 2 cards (Test GPU, Other GPU)" in r.output, r.output
+
+
 def test_filters_and_bitwise_failure(tmp_path):
     rng = random.Random()
     f = tmp_path / "a.json"
