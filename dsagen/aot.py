@@ -111,13 +111,11 @@ def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, job
         OutDirError: ``out`` cannot be made a writable folder. A failed build does not raise:
             its result has ``ok`` False.
     """
-    import json
-
     import torch
 
     cache_dir = str(out_folder(out)) if out else None
     unique: list[Spec] = []
-    seen: dict[str, Spec] = {}
+    seen: dict[str, Spec] = {}     # by content (Spec.digest)
 
     def same_file(a: Spec, b: Spec) -> bool:
         try:
@@ -126,7 +124,7 @@ def precompile(specs: list[Spec], archs: list[str], out: Path | None = None, job
             return False
 
     for s in specs:
-        k = json.dumps(s.to_dict(), sort_keys=True)
+        k = s.digest
         if k in seen:
             first = seen[k]
             log(f"{s.source}: " + ("listed twice" if same_file(s, first) else f"the same spec as {first.source}")
@@ -211,6 +209,13 @@ class Entry:
 def _size(p: Path) -> int:
     """Bytes of the files under ``p``, skipping those that another process removes meanwhile."""
     return sum(st.st_size for _f, st in _files(p))
+
+
+def root_is_a_file(root: Path | None = None) -> bool:
+    """Whether the cache root (default :func:`dsagen.config.cache_root`) exists but is not a
+    folder: no build can use it, and the cache commands would find it empty."""
+    root = root or config.cache_root()
+    return root.exists() and not root.is_dir()
 
 
 def entries(root: Path | None = None) -> list[Entry]:
@@ -365,7 +370,7 @@ def doctor() -> list[tuple[str, str]]:
         rows.append(("cutlass headers", str(e)))
     root = config.cache_root()
     es = entries(root)
-    if root.exists() and not root.is_dir():
+    if root_is_a_file(root):
         rows.append(("cache root", f"{root} (NOT A FOLDER: a build will fail; set DSAGEN_CACHE_DIR to a folder)"))
     else:
         rows.append(("cache root", f"{root} ({'exists' if root.exists() else 'absent'}, "

@@ -57,7 +57,7 @@ def _one_folder_per_name(specs: list[Spec]) -> list[Spec]:
     first: dict[str, Spec] = {}
     for s in specs:
         f = first.setdefault(s.name, s)
-        if f is not s and f.to_dict() != s.to_dict():
+        if f != s:                   # (Spec equality: the content, not the file)
             raise UsageFailure(f"{s.source} and {f.source} are different specs named {s.name!r}: "
                                f"both would be written to {s.name}/; rename one")
     return specs
@@ -343,8 +343,9 @@ def report(files, spec_name, op, plot_out):
         raise UsageFailure(str(e)) from None
     from .report import cards
     sums = summarize(runs, spec=spec_name, op=op)
-    if len(cards(runs)) > 1:
-        click.echo(f"warning: these files come from {len(cards(runs))} cards ({', '.join(cards(runs))}): "
+    mixed = cards(runs)
+    if len(mixed) > 1:
+        click.echo(f"warning: these files come from {len(mixed)} cards ({', '.join(mixed)}): "
                    "each range below mixes them; give the files of one card to compare runs", err=True)
     if not sums:
         raise UsageFailure("no bench rows" + (f" of spec {spec_name}" if spec_name else "")
@@ -485,9 +486,9 @@ def _cache_root_is_a_folder() -> None:
     """UsageFailure where the cache root exists but is not a folder (the cache commands would
     otherwise report an empty cache)."""
     from . import config
-    root = config.cache_root()
-    if root.exists() and not root.is_dir():
-        raise UsageFailure(f"cache root {root} is not a folder: set DSAGEN_CACHE_DIR to a folder")
+    from .aot import root_is_a_file
+    if root_is_a_file():
+        raise UsageFailure(f"cache root {config.cache_root()} is not a folder: set DSAGEN_CACHE_DIR to a folder")
 
 
 @cache.command("ls")
