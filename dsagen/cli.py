@@ -63,6 +63,21 @@ def _one_folder_per_name(specs: list[Spec]) -> list[Spec]:
     return specs
 
 
+def _not_over_a_shipped_spec(specs: list[Spec], remedy: str) -> list[Spec]:
+    """``specs``, or a UsageFailure where one would be rendered into the default
+    ``generated/<name>/`` of a shipped spec (``specs/``) of the same name but another layout:
+    that folder holds the shipped spec's committed sources (a spec copied from ``specs/`` and
+    edited without a new name would otherwise replace them silently)."""
+    shipped = {s.name: s for s in _specs(shipped_spec_paths())}
+    for s in specs:
+        f = shipped.get(s.name)
+        if f is not None and f != s:
+            raise UsageFailure(f"{s.source}: name {s.name!r} is the shipped spec {f.source}'s, and the "
+                               f"specs differ: generated/{s.name}/ holds that spec's committed "
+                               f"sources; {remedy}")
+    return specs
+
+
 class _Group(click.Group):
     """click.Group that notes whether the command line asks for help anywhere (so the group's
     environment check does not stop a subcommand's --help)."""
@@ -116,7 +131,8 @@ def render(specs, out):
     from .codegen import write_generated
     if out is not None and not out.strip():
         raise UsageFailure("--out: an empty path (leave --out out for generated/<name>/)")
-    for s in _one_folder_per_name(_specs(specs)):
+    chosen = _one_folder_per_name(_specs(specs))
+    for s in chosen if out else _not_over_a_shipped_spec(chosen, "rename it, or give --out"):
         try:
             d = write_generated(s, Path(out) / s.name if out else None)
         except OSError as e:
@@ -219,7 +235,8 @@ def compile(specs, json_out, no_nvcc, seed):  # noqa: A001 - the command is call
     ok = True
     unrun: set = set()
     uncompiled: set = set()
-    for s in _one_folder_per_name(_specs(specs)):
+    for s in _not_over_a_shipped_spec(_one_folder_per_name(_specs(specs)),
+                                      "rename it (compile renders into generated/<name>/)"):
         ok &= _compile_one(s, rows, nvcc_check=not no_nvcc, unrun=unrun, uncompiled=uncompiled, seed=seed)
     if json_out:
         Path(json_out).write_text(json.dumps(rows, indent=1))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -268,7 +269,8 @@ def _check_keys(data: Any, schema: dict, prefix: str, source: str) -> None:
     if not isinstance(data, dict):
         raise SpecError(source, prefix or "<top>", f"expected a mapping, got {type(data).__name__}")
     for k, v in data.items():
-        path = f"{prefix}.{k}" if prefix else str(k)
+        shown = k if isinstance(k, str) and len(k) <= 60 else _show(k)
+        path = f"{prefix}.{shown}" if prefix else shown
         if k not in schema:
             raise SpecError(source, path, f"unknown key (allowed here: {', '.join(schema)})")
         if isinstance(schema[k], dict):
@@ -290,15 +292,38 @@ def _dflt(v: Any, default: Any) -> Any:
     return default if v is None else v
 
 
+_REPR = reprlib.Repr()                 # (its keyword arguments are Python >= 3.12)
+_REPR.maxlevel, _REPR.maxtuple, _REPR.maxlist, _REPR.maxdict, _REPR.maxset = 2, 4, 4, 4, 4
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 40
+
+
+def _show(v: Any) -> str:
+    """A short ``repr`` of a spec value for an error message: a value of any size or depth
+    (e.g. nested YAML aliases, a 20000-digit integer) prints in at most about 80 characters."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64:
+        return f"an integer of {v.bit_length()} bits"
+    try:
+        r = _REPR.repr(v)
+    except ValueError:                 # an int too long for str() deeper inside
+        r = f"a {type(v).__name__}"
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
 def _int(source: str, path: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise SpecError(source, path, f"expected an integer, got {v!r}")
+        raise SpecError(source, path, f"expected an integer, got {_show(v)}")
+    if not -2**63 <= v < 2**63:        # (every limit below is far inside; this bounds the messages)
+        raise SpecError(source, path, f"{_show(v)}: out of range")
     return v
 
 
 def _choice(source: str, path: str, v: Any, allowed) -> str:
-    if v not in allowed:
-        raise SpecError(source, path, f"{v!r} is not one of {', '.join(map(str, allowed))}")
+    try:
+        ok = v in allowed
+    except TypeError:                  # unhashable (a list or mapping where a name belongs)
+        ok = False
+    if not ok:
+        raise SpecError(source, path, f"{_show(v)} is not one of {', '.join(map(str, allowed))}")
     return v
 
 
@@ -313,7 +338,7 @@ def _parse(data: Any, source: str) -> Spec:
             raise SpecError(source, path, "required field is missing")
     name = data["name"]
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise SpecError(source, "name", f"{name!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)")
+        raise SpecError(source, "name", f"{_show(name)} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)")
     if len(name) > 100:
         raise SpecError(source, "name", f"{len(name)} characters: at most 100 (it names files, "
                         f"namespaces and cache entries)")
@@ -439,7 +464,10 @@ def load_spec(path: str | Path) -> Spec:
     except UnicodeDecodeError as e:
         raise SpecError(str(path), "", f"not UTF-8 text (byte {e.start})") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        try:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)
+        except ValueError as e:        # PyYAML's int() of a literal longer than Python reads
+            raise SpecError(str(path), "", f"not valid YAML: {str(e).splitlines()[0]}") from None
         if data is None:
             # PyYAML's own node tells an empty stream or bare document ("" plain scalar) from
             # an explicit null (null, ~, !!null '')
@@ -470,7 +498,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 continue
             if dup:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+                    None, None, f"duplicate key {_show(key)}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 

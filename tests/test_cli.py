@@ -103,6 +103,29 @@ def test_render_and_compile_refuse_two_specs_of_one_name(tmp_path, monkeypatch):
     assert r.exit_code == 0 and (out / "bf16_page64" / "layout.h").is_file(), r.output
 
 
+def test_render_and_compile_refuse_to_replace_a_shipped_specs_sources(tmp_path, generated_tmp):
+    """A spec copied from specs/ and edited without a new name would be rendered over the
+    shipped spec's committed generated/<name>/: a usage error naming both files, before anything
+    is written. render --out elsewhere, and the shipped file itself, are fine."""
+    import yaml
+    d = yaml.safe_load((REPO / FP8).read_text())
+    d["key"] = {"dtype": "bf16"}
+    d.pop("scale", None)
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump(d))
+    for cmd in (["render"], ["compile", "--no-nvcc"]):
+        r = _run(*cmd, str(mine))
+        assert r.exit_code == 2, r.output
+        assert "name 'fp8_e4m3_page64' is the shipped spec" in r.output and "rename it" in r.output, r.output
+    assert not generated_tmp.exists()
+    out = tmp_path / "out"
+    r = _run("render", "--out", str(out), str(mine))
+    assert r.exit_code == 0, r.output
+    assert (out / "fp8_e4m3_page64" / "layout.h").read_text() != (REPO / "generated" / "fp8_e4m3_page64" / "layout.h").read_text()
+    r = _run("render", FP8)
+    assert r.exit_code == 0 and (generated_tmp / "fp8_e4m3_page64" / "layout.h").is_file(), r.output
+
+
 def test_verify_cpu_cli(monkeypatch):
     monkeypatch.chdir(REPO)
     r = _run("verify", "--device", "cpu", "specs/bf16_page64.yaml")

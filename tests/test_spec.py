@@ -355,6 +355,33 @@ def test_not_utf8_and_too_deep_are_spec_errors(tmp_path):
         dsagen.load_spec(deep)
 
 
+@pytest.mark.parametrize("line, says", [
+    # nested aliases: a 300-byte file whose value, printed whole, would be ~10^7 characters
+    ("head_dim: [&a [x,x,x,x,x,x,x,x,x,x], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+     "&c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
+     "&e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d], &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e], "
+     "[*f,*f,*f,*f,*f,*f,*f,*f,*f,*f]]", "head_dim: expected an integer, got [["),
+    ("head_dim: 0b" + "1" * 20000, "head_dim: an integer of 20000 bits: out of range"),
+    ("page_size: " + str(2**70), "page_size: an integer of 71 bits: out of range"),
+    ("page_size: " + "9" * 5000, "not valid YAML: Exceeds the limit"),
+    ("name: " + "x" * 5000 + "!", "name: 'xxx"),
+    ("key: {dtype: [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10]]}", "key.dtype: [[1, 2], [3, 4], [5, 6], [7, 8], ...]"),
+])
+def test_an_error_shows_a_huge_value_briefly(tmp_path, line, says):
+    """A value of any size or depth is shown in at most ~80 characters (the message was the
+    whole value: minutes and gigabytes for a nested-alias file), and an integer too long for
+    Python's str() is an error line, not a traceback."""
+    field = line.split(":")[0]
+    text = "\n".join(l for l in FP8.read_text().splitlines() if not l.startswith(field + ":")
+                     and not (field == "key" and l.strip() in ("key:", "dtype: e4m3")))
+    f = tmp_path / "huge.yaml"
+    f.write_text(text + "\n" + line + "\n")
+    with pytest.raises(SpecError) as e:
+        dsagen.load_spec(f)
+    msg = str(e.value)
+    assert says in msg and len(msg) < len(str(f)) + 200, msg[:300]
+
+
 def test_yaml_merge_keys_still_load(tmp_path):
     """``<<:`` merges (whose keys an explicit key may override) are not duplicate keys."""
     f = tmp_path / "merge.yaml"
