@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from .spec import Spec, SpecError, load_spec, shipped_spec_paths
+from .spec import SPECS_DIR, Spec, SpecError, load_spec, shipped_spec_paths
 
 
 class UsageFailure(click.ClickException):
@@ -63,16 +63,25 @@ def _one_folder_per_name(specs: list[Spec]) -> list[Spec]:
     return specs
 
 
-def _not_over_a_shipped_spec(specs: list[Spec], remedy: str) -> list[Spec]:
-    """``specs``, or a UsageFailure where one would be rendered into the default
-    ``generated/<name>/`` of a shipped spec (``specs/``) of the same name but another layout:
-    that folder holds the shipped spec's committed sources (a spec copied from ``specs/`` and
-    edited without a new name would otherwise replace them silently)."""
-    shipped = {s.name: s for s in _specs(shipped_spec_paths())}
+def _not_over_a_shipped_spec(specs: list[Spec], remedy: str, out: str | None = None) -> list[Spec]:
+    """``specs``, or a UsageFailure where one would be rendered into the repository's
+    ``generated/<name>/`` (the default folder, or ``out`` resolving to it) while ``specs/<name>.yaml``
+    is a different spec: that folder holds the shipped spec's committed sources, which a spec copied
+    from ``specs/`` and edited without a new name would otherwise replace silently. A shipped file
+    that does not load (being edited) protects nothing."""
+    from . import codegen
+    if out is not None and Path(out).resolve() != codegen.GENERATED_DIR.resolve():
+        return specs
     for s in specs:
-        f = shipped.get(s.name)
-        if f is not None and f != s:
-            raise UsageFailure(f"{s.source}: name {s.name!r} is the shipped spec {f.source}'s, and the "
+        owner = SPECS_DIR / f"{s.name}.yaml"
+        if not owner.is_file():
+            continue
+        try:
+            f = load_spec(owner)
+        except SpecError:
+            continue
+        if f != s:
+            raise UsageFailure(f"{s.source}: name {s.name!r} is the shipped spec {owner}'s, and the "
                                f"specs differ: generated/{s.name}/ holds that spec's committed "
                                f"sources; {remedy}")
     return specs
@@ -132,7 +141,7 @@ def render(specs, out):
     if out is not None and not out.strip():
         raise UsageFailure("--out: an empty path (leave --out out for generated/<name>/)")
     chosen = _one_folder_per_name(_specs(specs))
-    for s in chosen if out else _not_over_a_shipped_spec(chosen, "rename it, or give --out"):
+    for s in _not_over_a_shipped_spec(chosen, "rename it, or give --out another folder", out):
         try:
             d = write_generated(s, Path(out) / s.name if out else None)
         except OSError as e:

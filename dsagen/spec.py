@@ -45,10 +45,19 @@ class SpecError(ValueError):
     ``message`` hold its parts."""
 
     def __init__(self, source: str, path: str, message: str):
+        path, message = _one_line(path, 100), _one_line(message, 300)
         self.source = source
         self.path = path
         self.message = message
         super().__init__(f"{source}: {path}: {message}" if path else f"{source}: {message}")
+
+
+def _one_line(text: str, limit: int) -> str:
+    """``text`` as one line of at most ``limit`` characters: line breaks and other unprintable
+    characters escaped (a YAML key may hold any), the middle cut where it is longer."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit * 2 // 3] + " ... " + text[-(limit // 3 - 5):]
 
 
 @dataclass(frozen=True)
@@ -318,11 +327,7 @@ def _int(source: str, path: str, v: Any) -> int:
 
 
 def _choice(source: str, path: str, v: Any, allowed) -> str:
-    try:
-        ok = v in allowed
-    except TypeError:                  # unhashable (a list or mapping where a name belongs)
-        ok = False
-    if not ok:
+    if v not in allowed:
         raise SpecError(source, path, f"{_show(v)} is not one of {', '.join(map(str, allowed))}")
     return v
 
@@ -406,7 +411,7 @@ def _parse(data: Any, source: str) -> Spec:
         raise SpecError(source, "logits.next_n", "expected a non-empty list of integers")
     next_n = tuple(sorted({_int(source, "logits.next_n", n) for n in next_n_v}))
     if any(not 1 <= n <= 4 for n in next_n):
-        raise SpecError(source, "logits.next_n", f"{list(next_n)}: each must be in [1, 4]")
+        raise SpecError(source, "logits.next_n", f"{_show(list(next_n))}: each must be in [1, 4]")
 
     targets_v = data["targets"]
     if isinstance(targets_v, str):
@@ -466,8 +471,13 @@ def load_spec(path: str | Path) -> Spec:
     try:
         try:
             data = yaml.load(text, Loader=_UniqueKeyLoader)
-        except ValueError as e:        # PyYAML's int() of a literal longer than Python reads
-            raise SpecError(str(path), "", f"not valid YAML: {str(e).splitlines()[0]}") from None
+        except (yaml.YAMLError, RecursionError):
+            raise
+        except Exception as e:         # PyYAML's constructors on odd scalars: int() of a literal
+            # longer than Python reads (ValueError), `!!int ''` (IndexError), `!!bool maybe`
+            # (KeyError), `!!timestamp nope` (AttributeError), ...
+            raise SpecError(str(path), "", f"not valid YAML: a value that does not load "
+                            f"({type(e).__name__}: {e})") from None
         if data is None:
             # PyYAML's own node tells an empty stream or bare document ("" plain scalar) from
             # an explicit null (null, ~, !!null '')
@@ -512,7 +522,10 @@ def _yaml_problem(e: "yaml.YAMLError") -> str:
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
 
 
+SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
+
+
 def shipped_spec_paths() -> list[Path]:
-    """The YAML files in the repository's ``specs/`` folder."""
-    root = Path(__file__).resolve().parent.parent / "specs"
-    return sorted(root.glob("*.yaml"))
+    """The YAML files in the repository's ``specs/`` folder (``SPECS_DIR``); each is named
+    ``<its spec's name>.yaml``."""
+    return sorted(SPECS_DIR.glob("*.yaml"))

@@ -126,6 +126,30 @@ def test_render_and_compile_refuse_to_replace_a_shipped_specs_sources(tmp_path, 
     assert r.exit_code == 0 and (generated_tmp / "fp8_e4m3_page64" / "layout.h").is_file(), r.output
 
 
+def test_the_shipped_name_check_protects_specs_name_yaml_only(tmp_path, generated_tmp, monkeypatch):
+    """generated/<name>/ belongs to specs/<name>.yaml: a second file in specs/ that reuses the
+    name is refused and the owner is not; a broken file in specs/ blocks nothing else; --out
+    naming the repository's generated/ is checked like the default."""
+    import yaml
+    import dsagen.cli
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    monkeypatch.setattr(dsagen.cli, "SPECS_DIR", specs)
+    d = yaml.safe_load((REPO / FP8).read_text())
+    (specs / "fp8_e4m3_page64.yaml").write_text(yaml.safe_dump(d))
+    (specs / "fp8_e4m3_page64_v2.yaml").write_text(yaml.safe_dump({**d, "page_size": 32}))
+    (specs / "wip.yaml").write_text("name: wip\nhead_dim: 100\n")
+    r = _run("render", str(specs / "fp8_e4m3_page64_v2.yaml"))
+    assert r.exit_code == 2 and "is the shipped spec" in r.output, r.output
+    r = _run("render", "--out", str(generated_tmp), str(specs / "fp8_e4m3_page64_v2.yaml"))
+    assert r.exit_code == 2 and "is the shipped spec" in r.output, r.output
+    assert not generated_tmp.exists()
+    for f in (specs / "fp8_e4m3_page64.yaml", REPO / "specs" / "bf16_page64.yaml"):
+        r = _run("render", str(f))
+        assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in generated_tmp.iterdir()) == ["bf16_page64", "fp8_e4m3_page64"]
+
+
 def test_verify_cpu_cli(monkeypatch):
     monkeypatch.chdir(REPO)
     r = _run("verify", "--device", "cpu", "specs/bf16_page64.yaml")
