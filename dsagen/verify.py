@@ -137,6 +137,24 @@ def random_keys(n: int, head_dim: int, gen: torch.Generator, device, dtype=torch
     return k.to(device=device, dtype=dtype)
 
 
+def with_edge_tokens(k: torch.Tensor, spec: Spec, gen: torch.Generator) -> torch.Tensor:
+    """``k`` ``[n, head_dim]`` with four tokens (at random rows; none where ``n < 8``) replaced by
+    the store's edge cases, which :func:`random_keys` practically never draws: an all-zero key,
+    keys of magnitude ~1e-6 and ~1e-30 (their amax under the 1e-4 floor of the scale, DESIGN.md
+    section 3), and a key whose first scale block is zero (half the key where the block is the
+    whole key). A store that drops the floor writes NaN or other bytes for them."""
+    if k.shape[0] < 8:
+        return k
+    k = k.clone()
+    rows = torch.randperm(k.shape[0], generator=gen)[:4].tolist()
+    tiny = torch.randn(2, k.shape[1], generator=gen)
+    k[rows[0]] = 0
+    k[rows[1]] = (tiny[0] * 1e-6).to(k.dtype)
+    k[rows[2]] = (tiny[1] * 1e-30).to(k.dtype)
+    k[rows[3], :spec.scale_block if spec.scale_block < spec.head_dim else spec.head_dim // 2] = 0
+    return k
+
+
 def random_q(spec: Spec, B: int, next_n: int, gen: torch.Generator, device) -> torch.Tensor:
     """Random queries ``[B, next_n, num_heads, head_dim]`` in ``spec.query`` (standard normal;
     times 8 for e4m3, so that the fp8 values use more of its range)."""
@@ -180,7 +198,8 @@ def make_cache(spec: Spec, context_lens: list[int], gen: torch.Generator, device
     cache = random_bytes(num_pages, spec.page_bytes, gen)
     scales = random_bytes(num_pages, spec.scale_page_bytes, gen) if spec.separate_scales else None
     slots = torch.arange(num_pages * ps, dtype=torch.int64)
-    R.store(random_keys(len(slots), spec.head_dim, gen, "cpu"), cache, slots, spec, kv_scales=scales)
+    keys = with_edge_tokens(random_keys(len(slots), spec.head_dim, gen, "cpu"), spec, gen)
+    R.store(keys, cache, slots, spec, kv_scales=scales)
     return cache.to(device), bt.to(device), None if scales is None else scales.to(device)
 
 
@@ -338,13 +357,14 @@ def ragged_cases(gen: torch.Generator, quick: bool):
 
 
 def check_store(ops, spec: Spec, n: int, gen: torch.Generator, device, k_dtype=torch.bfloat16) -> Row:
-    """Store ``n`` random keys at random distinct slots; the whole cache (and the scale tensor of
-    a ``separate`` spec) must equal the reference's."""
+    """Store ``n`` random keys (with :func:`with_edge_tokens`' edge cases) at random distinct
+    slots; the whole cache (and the scale tensor of a ``separate`` spec) must equal the
+    reference's."""
     num_pages = math.ceil(2 * n / spec.page_size) + 1
     cache = random_bytes(num_pages, spec.page_bytes, gen)
     scales = random_bytes(num_pages, spec.scale_page_bytes, gen) if spec.separate_scales else None
     loc = torch.randperm(num_pages * spec.page_size, generator=gen)[:n].to(torch.int64)
-    k = random_keys(n, spec.head_dim, gen, "cpu", dtype=k_dtype)
+    k = with_edge_tokens(random_keys(n, spec.head_dim, gen, "cpu", dtype=k_dtype), spec, gen)
     ref = cache.clone()
     ref_sc = None if scales is None else scales.clone()
     R.store(k, ref, loc, spec, kv_scales=ref_sc)
@@ -360,6 +380,16 @@ def check_store(ops, spec: Spec, n: int, gen: torch.Generator, device, k_dtype=t
         row.note = f"{int((got != ref).sum())} bytes differ"
     row.passed = row.bytes_equal
     return row
+
+
+def two_d_lens(context_lens: list[int], next_n: int) -> list[list[int]]:
+    """2-D ``context_lens`` ``[B][next_n]`` around 1-D lengths ``c``: rows ``c, c-1, ...`` for the
+    even requests, and ``c-1, c, c-2, c-3, ...`` for the odd ones, whose longest row is not the
+    first or the last when ``next_n >= 3`` (a kernel that bounds a request by its first and last
+    rows only gets those wrong). Each length is at least 1."""
+    def order(b):
+        return range(next_n) if b % 2 == 0 else [1, 0, *range(2, next_n)][:next_n]
+    return [[max(1, c - d) for d in order(b)] for b, c in enumerate(context_lens)]
 
 
 def _ctx_str(c) -> str:
@@ -461,7 +491,7 @@ def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = Fa
         for ctx, two_d in cases:
             if two_d:
                 # 2-D lengths: each row its own length, around the 1-D case
-                ctx = [[max(1, c - d) for d in range(next_n)] for c in ctx]
+                ctx = two_d_lens(ctx, next_n)
             row = check_logits(ops, spec, ctx, next_n, gen, device, ctx_2d=two_d, reruns=reruns)
             row.backend = device
             rep.rows.append(row)

@@ -12,7 +12,7 @@ import torch
 import dsagen
 from dsagen import reference as R
 from dsagen.verify import (COND_TOL, check_logits, check_store, make_cache, random_bytes, random_keys, random_q,
-                           verify)
+                           two_d_lens, verify)
 
 from conftest import REPO
 
@@ -36,7 +36,7 @@ def _variant_rows(spec, ops, gen):
     for n in spec.next_n:
         for ctx in ([1], [3, 17, 33], [200, 1, 65], [0, 40]):
             rows.append(check_logits(ops, spec, ctx, n, gen, "cpu", reruns=2))
-        two_d = [[max(1, c - d) for d in range(n)] for c in (5, 70, 17)]
+        two_d = two_d_lens([5, 70, 17, 9], n)
         rows.append(check_logits(ops, spec, two_d, n, gen, "cpu", ctx_2d=True))
         rows.append(check_logits(ops, spec, [33, 17], n, gen, "cpu", clean_logits=False))
     return rows
@@ -480,3 +480,37 @@ def test_out_of_range_ids_raise(case):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "raised:" in p.stdout, \
         f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+
+
+def test_store_check_catches_a_store_without_the_amax_floor(monkeypatch):
+    """check_store draws all-zero and tiny keys (verify.with_edge_tokens): a store that skips the
+    1e-4 floor of amax (a zero key's scale 0, its bytes NaN) fails it, and the reference passes."""
+    spec = dsagen.load_spec(REPO / "specs" / "fp8_e4m3_page64.yaml")
+    floorless = []
+
+    class Ops:
+        def store(self, k, kv_cache, loc, **kw):
+            with monkeypatch.context() as m:
+                if floorless:
+                    m.setattr(R, "AMAX_FLOOR", 0.0)
+                R.store(k, kv_cache, loc, spec, **kw)
+
+    gen = torch.Generator().manual_seed(1)
+    assert check_store(Ops(), spec, 128, gen, "cpu").passed
+    floorless.append(True)
+    row = check_store(Ops(), spec, 128, gen, "cpu")
+    assert not row.passed and "bytes differ" in row.note
+
+
+def test_edge_tokens_and_two_d_lens():
+    spec = dsagen.load_spec(REPO / "specs" / "fp8_e4m3_page64.yaml")
+    gen = torch.Generator().manual_seed(2)
+    k = dsagen.verify.with_edge_tokens(random_keys(64, 128, gen, "cpu"), spec, gen)
+    amax = k.float().abs().amax(1)
+    assert (amax == 0).sum() == 1 and ((amax > 0) & (amax < 1e-4)).sum() == 2
+    assert (k.float()[:, :64].abs().amax(1) == 0).sum() == 2       # the zero key, the zero half
+    few = random_keys(7, 128, gen, "cpu")
+    assert torch.equal(dsagen.verify.with_edge_tokens(few, spec, gen), few)
+    lens = two_d_lens([10, 20, 30], 4)
+    assert lens == [[10, 9, 8, 7], [19, 20, 18, 17], [30, 29, 28, 27]]
+    assert two_d_lens([1, 1], 3) == [[1, 1, 1], [1, 1, 1]]
