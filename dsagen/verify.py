@@ -141,7 +141,7 @@ def with_edge_tokens(k: torch.Tensor, spec: Spec, gen: torch.Generator) -> torch
     """``k`` ``[n, head_dim]`` with four tokens (at random rows; none where ``n < 8``) replaced by
     the store's edge cases, which :func:`random_keys` practically never draws: an all-zero key,
     keys of magnitude ~1e-6 and ~1e-30 (their amax under the 1e-4 floor of the scale, DESIGN.md
-    section 3), and a key whose first scale block is zero (half the key where the block is the
+    section 2), and a key whose first scale block is zero (half the key where the block is the
     whole key). A store that drops the floor writes NaN or other bytes for them."""
     if k.shape[0] < 8:
         return k
@@ -384,11 +384,11 @@ def check_store(ops, spec: Spec, n: int, gen: torch.Generator, device, k_dtype=t
 
 def two_d_lens(context_lens: list[int], next_n: int) -> list[list[int]]:
     """2-D ``context_lens`` ``[B][next_n]`` around 1-D lengths ``c``: rows ``c, c-1, ...`` for the
-    even requests, and ``c-1, c, c-2, c-3, ...`` for the odd ones, whose longest row is not the
-    first or the last when ``next_n >= 3`` (a kernel that bounds a request by its first and last
+    even requests (and every request when ``next_n`` is 1), and ``c-1, c, c-2, c-3, ...`` for the
+    odd ones, whose longest row is not the first or the last when ``next_n >= 3`` (a kernel that bounds a request by its first and last
     rows only gets those wrong). Each length is at least 1."""
     def order(b):
-        return range(next_n) if b % 2 == 0 else [1, 0, *range(2, next_n)][:next_n]
+        return range(next_n) if b % 2 == 0 or next_n == 1 else [1, 0, *range(2, next_n)]
     return [[max(1, c - d) for d in order(b)] for b, c in enumerate(context_lens)]
 
 

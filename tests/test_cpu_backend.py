@@ -514,3 +514,15 @@ def test_edge_tokens_and_two_d_lens():
     lens = two_d_lens([10, 20, 30], 4)
     assert lens == [[10, 9, 8, 7], [19, 20, 18, 17], [30, 29, 28, 27]]
     assert two_d_lens([1, 1], 3) == [[1, 1, 1], [1, 1, 1]]
+    assert two_d_lens([65, 130, 63], 1) == [[65], [130], [63]]
+    assert two_d_lens([65, 130, 63], 2) == [[65, 64], [129, 130], [63, 62]]
+
+
+def test_make_cache_holds_the_edge_tokens():
+    """Every cache the logits cases read (of 8 slots or more) holds the edge tokens: read back
+    through the reference, one key is all zero and two are under the amax floor."""
+    spec = dsagen.load_spec(REPO / "specs" / "bf16_page64.yaml")      # stored unscaled: bf16 keys as given
+    cache, _, _ = make_cache(spec, [70, 5], torch.Generator().manual_seed(3), "cpu")
+    k = cache.view(torch.bfloat16).view(-1, spec.page_size, spec.head_dim).reshape(-1, spec.head_dim).float()
+    amax = k.abs().amax(1)
+    assert (amax == 0).sum() == 1 and ((amax > 0) & (amax < 1e-4)).sum() == 2
