@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .dtypes import AMAX_FLOOR_LITERAL
 from .spec import MAX_SMEM_BYTES, Spec
 
 # int32 per CTA row of a paged_logits_schedule (kSchedRow in layout.h): a header of 8, then 32
@@ -891,6 +892,7 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
     return {
         "spec": spec,
         "ns": ns,
+        "amax_floor": AMAX_FLOOR_LITERAL,
         "lay": spec.layout,
         "q_scalar": spec.query.aten,
         "q_dtype_name": f"torch.{spec.query.torch_name}",

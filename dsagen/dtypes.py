@@ -35,6 +35,12 @@ KEY_DTYPES: dict[str, DType] = {
     "e2m1": DType("e2m1", 4, "uint8", "uint8_t", "uint8_t", 6.0, "fp4", "kByte"),
 }
 
+# the least amax a scale block is quantized with (max(|k|, AMAX_FLOOR), DESIGN.md section 2): an
+# all-zero or tiny block gets a finite scale. The reference uses the number; the templates render
+# the literal (layout.h's kAmaxFloor)
+AMAX_FLOOR_LITERAL = "1e-4"
+AMAX_FLOOR = float(AMAX_FLOOR_LITERAL)
+
 # values of the 8 non-negative E2M1 codes (code | 8 is the negative)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 

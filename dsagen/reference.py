@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from . import dtypes
 from .dtypes import E2M1_VALUES
 from .spec import Spec
 
@@ -86,11 +87,6 @@ def _e2m1_unpack(raw: torch.Tensor) -> torch.Tensor:
     return torch.stack((_e2m1_values(raw & 15), _e2m1_values(raw >> 4)), -1).reshape(raw.shape[0], 2 * raw.shape[1])
 
 
-AMAX_FLOOR = 1e-4
-"""The least ``amax`` a scale block is quantized with (``max(|k|, AMAX_FLOOR)``): an all-zero or
-tiny block gets a finite scale (the kernels use the same constant)."""
-
-
 def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Quantize keys the way the layout stores them.
 
@@ -115,7 +111,7 @@ def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | 
     x = k.float().reshape(k.shape[0], spec.scales_per_token, spec.scale_block)
     a = x.abs()
     # NaN elements do not raise the scale (the kernels' fmaxf / std::max skip them)
-    amax = torch.where(torch.isnan(a), torch.zeros_like(a), a).amax(-1).clamp(min=AMAX_FLOOR)
+    amax = torch.where(torch.isnan(a), torch.zeros_like(a), a).amax(-1).clamp(min=dtypes.AMAX_FLOOR)
     scale = amax / kd.max_value
     if spec.scale_rounding == "pow2":
         scale = _pow2_ceil(scale)

@@ -278,7 +278,7 @@ def _check_keys(data: Any, schema: dict, prefix: str, source: str) -> None:
     if not isinstance(data, dict):
         raise SpecError(source, prefix or "<top>", f"expected a mapping, got {type(data).__name__}")
     for k, v in data.items():
-        shown = k if isinstance(k, str) and len(k) <= 60 else _show(k)
+        shown = k if isinstance(k, str) else _show(k)       # (SpecError cuts a long path)
         path = f"{prefix}.{shown}" if prefix else shown
         if k not in schema:
             raise SpecError(source, path, f"unknown key (allowed here: {', '.join(schema)})")

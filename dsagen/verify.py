@@ -385,8 +385,8 @@ def check_store(ops, spec: Spec, n: int, gen: torch.Generator, device, k_dtype=t
 def two_d_lens(context_lens: list[int], next_n: int) -> list[list[int]]:
     """2-D ``context_lens`` ``[B][next_n]`` around 1-D lengths ``c``: rows ``c, c-1, ...`` for the
     even requests (and every request when ``next_n`` is 1), and ``c-1, c, c-2, c-3, ...`` for the
-    odd ones, whose longest row is not the first or the last when ``next_n >= 3`` (a kernel that bounds a request by its first and last
-    rows only gets those wrong). Each length is at least 1."""
+    odd ones, whose longest row is not the first or the last when ``next_n >= 3`` (a kernel that
+    bounds a request by its first and last rows only gets those wrong). Each length is at least 1."""
     def order(b):
         return range(next_n) if b % 2 == 0 or next_n == 1 else [1, 0, *range(2, next_n)]
     return [[max(1, c - d) for d in order(b)] for b, c in enumerate(context_lens)]

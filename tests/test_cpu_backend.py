@@ -492,7 +492,7 @@ def test_store_check_catches_a_store_without_the_amax_floor(monkeypatch):
         def store(self, k, kv_cache, loc, **kw):
             with monkeypatch.context() as m:
                 if floorless:
-                    m.setattr(R, "AMAX_FLOOR", 0.0)
+                    m.setattr(dsagen.dtypes, "AMAX_FLOOR", 0.0)
                 R.store(k, kv_cache, loc, spec, **kw)
 
     gen = torch.Generator().manual_seed(1)
