@@ -375,7 +375,10 @@ def _logits_set_bytes(spec: Spec, B: int, next_n: int, context_lens: Sequence[in
 # --------------------------------------------------------------------------------------------
 @dataclass
 class Timing:
-    """Per-call times in microseconds of one timed function."""
+    """Per-call times in microseconds of one timed function: ``us`` the median, ``us_min`` /
+    ``us_max`` over the ``runs`` timed calls; ``method`` ``"spin"``, ``"graph"`` or ``"host"``;
+    ``spin_us`` the GPU spin before each call (0 for the host timer); ``note`` why a graph
+    timing fell back to eager calls."""
 
     us: float               # median
     us_min: float
@@ -421,7 +424,8 @@ class HostTimer:
 
     def time(self, fn: Callable[[int], Any], n_sets: int, runs: int, warmup: int,
              scrub: torch.Tensor | None = None) -> Timing:
-        """Call ``fn(i % n_sets)`` ``warmup`` times, then ``runs`` timed times."""
+        """Call ``fn(i % n_sets)`` ``warmup`` times, then ``runs`` (>= 1) timed times; returns
+        their :class:`Timing` (wall clock, microseconds). ``scrub`` is ignored."""
         for i in range(warmup):
             fn(i % n_sets)
         ts = []
@@ -439,6 +443,7 @@ class CudaTimer:
 
     ``method="spin"`` (default) times eager calls; ``method="graph"`` captures one CUDA graph per
     input set and times its replay the same way (falls back to ``spin`` when capture fails).
+    ValueError for another ``method``; needs a CUDA device (it calibrates the spin on it).
     """
 
     def __init__(self, method: str = "spin"):
@@ -470,7 +475,8 @@ class CudaTimer:
     def time(self, fn: Callable[[int], Any], n_sets: int, runs: int, warmup: int,
              scrub: torch.Tensor | None = None) -> Timing:
         """Time ``fn(i % n_sets)``: ``warmup`` untimed iterations (which also size the spin),
-        then ``runs`` timed ones. ``scrub``: a buffer read before each spin to evict the L2."""
+        then ``runs`` timed ones. ``scrub``: a buffer read before each spin to evict the L2.
+        Returns their :class:`Timing` (CUDA-event microseconds)."""
         note = ""
         call: Callable[[int], Any] = fn
         graphs = None
@@ -579,7 +585,9 @@ def _deep_gemm():
 
 
 def device_meta() -> dict[str, Any]:
-    """Card name, SM count, L2 and memory size, torch / CUDA versions, driver, date (UTC)."""
+    """Card name, SM count, L2 (MB) and memory (GB) size, torch / CUDA versions, driver, clocks,
+    git commit, date (UTC), ``deep_gemm`` version: the ``op="meta"`` row's fields. Needs a CUDA
+    device (torch raises otherwise)."""
     p = torch.cuda.get_device_properties(torch.cuda.current_device())
     meta: dict[str, Any] = {
         "card": torch.cuda.get_device_name(),
@@ -606,7 +614,8 @@ def measure_copy_bandwidth(timer: CudaTimer, nbytes: int = COPY_BYTES, runs: int
     kernels but always eagerly after a spin (a copy captured in a CUDA graph becomes a memcpy node,
     which the H200 ran at 2716 GB/s against 4251 GB/s eagerly: not the bandwidth a kernel sees).
     Returns ``{"copy_GBps": (read + written bytes) / median time in GB/s, "copy_us",
-    "copy_bytes" (read + written), "copy_runs"}``."""
+    "copy_bytes" (read + written), "copy_runs"}``. ``nbytes`` is capped at a quarter of the free
+    device memory. Needs a CUDA device."""
     free, _ = torch.cuda.mem_get_info()
     nbytes = int(min(nbytes, free // 4))
     src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
@@ -797,7 +806,10 @@ class Bench:
 
     # ---- dispatch --------------------------------------------------------------------------
     def bench(self, ops, spec: Spec, shape: Shape) -> dict[str, Any]:
-        """One row for ``shape`` (errors are caught and recorded in ``row["error"]``)."""
+        """One result row (a dict of the fields :func:`run` describes; absent figures None)
+        for ``shape``, timing ``ops`` (:class:`dsagen.ops.Ops` of ``spec``). Raises nothing for
+        a failing shape: the error (an unknown op, a ``next_n`` not in the spec, OOM, a kernel
+        error) is caught and recorded in ``row["error"]``."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         if self.settle_s > 0:
@@ -1153,6 +1165,8 @@ def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | No
         RuntimeError: no CUDA device.
         TypeError, ValueError: a ``shapes`` entry that is not a :class:`Shape` or a dict of its
             fields.
+        ValueError: ``method`` not ``"spin"`` or ``"graph"``, or ``DSAGEN_BENCH_METHOD`` /
+            ``DSAGEN_BENCH_SETTLE`` malformed (:mod:`dsagen.config`).
     """
     if not torch.cuda.is_available():
         raise RuntimeError("dsagen bench needs a CUDA device (torch.cuda.is_available() is False; "

@@ -17,6 +17,8 @@ from .spec import SPECS_DIR, Spec, SpecError, load_spec, shipped_spec_paths
 
 
 class UsageFailure(click.ClickException):
+    """A bad spec, option or environment: click prints ``Error: <message>`` (one line, no
+    traceback) and the command exits with status 2."""
     exit_code = 2
 
 
@@ -127,7 +129,11 @@ def validate(specs):
 
 @main.command("list")
 def list_cmd():
-    """Every shipped spec (specs/) with its bytes/token and page bytes."""
+    """Every shipped spec (specs/) with its bytes/token and page bytes.
+
+    \b
+    Exit status: 0, or 2 when a shipped spec does not load.
+    """
     for s in _specs(shipped_spec_paths()):
         click.echo(f"{s.summary()}  ({s.description})")
 
@@ -136,7 +142,13 @@ def list_cmd():
 @click.argument("specs", nargs=-1, required=True, type=click.Path())
 @click.option("--out", type=click.Path(), default=None, help="Output folder (default generated/<name>/).")
 def render(specs, out):
-    """Render the sources of each spec into generated/<name>/."""
+    """Render the sources of each spec into generated/<name>/.
+
+    \b
+    Exit status: 0 rendered, 2 a bad spec or bad usage (two different specs
+    of one name, the name of a different shipped spec into generated/, a
+    folder that cannot be written).
+    """
     from .codegen import write_generated
     if out is not None and not out.strip():
         raise UsageFailure("--out: an empty path (leave --out out for generated/<name>/)")
@@ -315,6 +327,9 @@ def bench(specs, json_out, quick, tuning):
       DSAGEN_BENCH_SETTLE   seconds the GPU idles before each row (default 2; 0: none)
       DSAGEN_BENCH_PARTIAL  a JSON file rewritten with the rows so far after each row
       DSAGEN_BENCH_GIT      the rows' `git` field, for a tree copied without its .git
+    \b
+    Exit status: 0 every row timed, 1 a row (or a spec's build) has an error,
+    2 a bad spec or bad usage (bad --tuning, no CUDA device).
     """
     from . import bench as B
     tune = None
@@ -358,7 +373,12 @@ def bench(specs, json_out, quick, tuning):
               help="Also draw % of copy bandwidth per shape (PNG, SVG or PDF by the suffix).")
 def report(files, spec_name, op, plot_out):
     """Summarize `dsagen bench --json` FILES: per spec, op and shape, each figure's median and
-    range over the files, as Markdown (no GPU needed)."""
+    range over the files, as Markdown (no GPU needed).
+
+    \b
+    Exit status: 0 printed, 2 a file that is not a bench JSON file, no rows
+    matching --spec/--op, or a --plot that cannot be drawn or written.
+    """
     from .report import PLOT_SUFFIXES, load_runs, markdown, plot, summarize
     _writable(plot_out, "--plot")
     if plot_out and Path(plot_out).suffix.lower() not in PLOT_SUFFIXES:
@@ -392,7 +412,13 @@ def report(files, spec_name, op, plot_out):
               help="Cache directory to fill (default: the cache root); point DSAGEN_CACHE_DIR at it.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Builds at a time.")
 def precompile(specs, arch, out, jobs):
-    """Build every variant of the specs ahead of time (CPU, and CUDA per arch)."""
+    """Build every variant of the specs ahead of time (CPU, and CUDA per arch).
+
+    \b
+    Exit status: 0 every variant built (or compiled with nvcc only where this
+    torch has no CUDA), 1 a variant failed, 2 a bad spec or bad usage (an
+    unknown --arch, an --out that cannot be made writable).
+    """
     from .aot import precompile as run_pre
     from .spec import ARCHS
     archs = [a.strip() for a in arch.split(",") if a.strip()]
@@ -441,6 +467,10 @@ def recall(specs, contexts, index_topk, compress_ratio, queries, out, dump, seed
     --dump, are stored through the layout's store op and scored by its paged_logits op; the
     top-k is compared with the top-k of exact float64 logits of the unquantized q and k.
     Prints a table and writes recall.json and recall.png into --out.
+
+    \b
+    Exit status: 0 measured, 1 a layout failed to build, 2 a bad spec or bad
+    usage (bad sizes or contexts, an unusable --dump or --out).
     """
     import torch
 
@@ -543,7 +573,8 @@ def cache_du():
 
 @cache.command("verify")
 def cache_verify():
-    """Check each entry's manifest and library checksum; exit 1 if any is unusable."""
+    """Check each entry's manifest and library checksum; exit 1 if any is unusable (2 where
+    the cache root is not a folder)."""
     from .aot import entries
     _cache_root_is_a_folder()
     bad = 0

@@ -945,6 +945,9 @@ def render(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[str, str]:
     A render is memoized under the cache root (``rendered/<digest>.json``, the digest covering
     the spec, the tuning, the templates and this module's sources), so a warm ``dsagen.load``
     neither imports Jinja nor renders. A read-only or missing cache root just renders.
+
+    Raises:
+        ValueError: a ``tuning`` key or value that :func:`default_tuning` does not allow.
     """
     from . import config
     tune = effective_tuning(spec, tuning)
@@ -1013,8 +1016,13 @@ def _trim_render_memo(d: Path, keep: int = RENDER_MEMO_MAX) -> None:
 
 def write_generated(spec: Spec, out_dir: Path | None = None,
                     tuning: dict[str, Any] | None = None) -> Path:
-    """Write the rendered sources to ``out_dir`` (default ``generated/<name>/``); unchanged files
-    are not touched. Returns the directory."""
+    """Write the rendered sources to ``out_dir`` (default ``generated/<name>/``, made with its
+    parents); unchanged files are not touched. Returns the directory.
+
+    Raises:
+        ValueError: a bad ``tuning`` (as :func:`render`).  OSError: the folder or a file cannot
+            be written.
+    """
     d = Path(out_dir) if out_dir else GENERATED_DIR / spec.name
     d.mkdir(parents=True, exist_ok=True)
     for name, text in render(spec, tuning).items():

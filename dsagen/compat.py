@@ -31,7 +31,8 @@ def use_spec(spec) -> None:
     """Back the entry points with another layout (a :class:`dsagen.Spec` or a YAML path).
 
     Raises:
-        dsagen.SpecError: a bad spec file.  dsagen.jit.BuildError: the build fails.
+        dsagen.SpecError: a bad spec file.  dsagen.jit.BuildError: the build fails (the other
+        errors of :func:`dsagen.load` likewise).
         ValueError: a ``scale.placement: separate`` spec (DeepGEMM's ``kv_cache`` holds the
             scales; its signature has no place for a second scale tensor: call
             :meth:`dsagen.ops.Ops.paged_logits` with ``kv_scales`` instead).
@@ -77,11 +78,17 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num
     ``num_sms`` only sizes the placeholder: a dsagen schedule always has one row per SM of
     ``block_table``'s device (``[0, 136]`` on the CPU backend, whose kernel needs none).
 
+    Args:
+        context_lens: int32 ``[B]`` or ``[B, next_n]`` (the placeholder is made on its device).
+        block_kv: tokens per page; must be the spec's ``page_size`` (64 for the default spec).
+        num_sms: rows of the placeholder, less one.
     Raises:
         ValueError: ``block_kv`` differs from the spec's page size, or only one of
             ``block_table`` and ``max_context_len`` is given.
         RuntimeError: (with ``block_table``) the shapes do not match the spec's ops.
         dsagen.jit.BuildError: the first call builds the ops and the build fails.
+        FileNotFoundError: no :func:`use_spec` yet and ``specs/fp8_e4m3_page64.yaml`` is not
+            beside the package.
     """
     ops = _ops()
     if block_kv != ops.spec.page_size:
@@ -111,6 +118,9 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
         block_table: int32 ``[B, max_pages]``; schedule_meta: what
             :func:`get_paged_mqa_logits_metadata` returned (a dsagen schedule is passed to the
             kernel; DeepGEMM's placeholder shape is ignored).
+        max_context_len: columns of the result (tokens), at most ``max_pages * page_size``.
+        clean_logits: write ``-inf`` where a key is not visible (DeepGEMM's default False:
+            those entries are then unspecified).
     Returns:
         fp32 ``[B*next_n, max_context_len]``.
     Raises:
@@ -119,6 +129,7 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
             pages (``page_stride_bytes``), which that view cannot hold.
         RuntimeError: what :meth:`dsagen.ops.Ops.paged_logits` raises for the inputs.
         dsagen.jit.BuildError: the first call builds the ops and the build fails.
+        FileNotFoundError: as :func:`get_paged_mqa_logits_metadata`.
     """
     ops = _ops()
     spec = ops.spec
@@ -163,6 +174,7 @@ def fp8_mqa_logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor | None]
         TypeError: ``kv`` is not a pair ``(k, k_scale)`` (e.g. a bare tensor).
         RuntimeError: what :meth:`dsagen.ops.Ops.ragged_logits` raises for the inputs.
         dsagen.jit.BuildError: the first call builds the ops and the build fails.
+        FileNotFoundError: as :func:`get_paged_mqa_logits_metadata`.
     """
     if not isinstance(kv, (tuple, list)) or len(kv) != 2:
         raise TypeError(f"fp8_mqa_logits: kv must be the pair (k, k_scale) (k_scale None for unscaled "

@@ -13,6 +13,7 @@
 | ``DSAGEN_MAX_JOBS`` | ninja's default | parallel compile jobs of one build (``MAX_JOBS`` for torch) |
 | ``DSAGEN_DISABLE_JIT`` | off | never compile: a variant missing from the cache is an error |
 | ``DSAGEN_BENCH_METHOD`` | ``spin`` | ``dsagen bench``'s timing: ``spin`` (launch hidden behind a GPU spin) or ``graph`` |
+| ``DSAGEN_BENCH_SETTLE`` | ``2`` | seconds (0-600) the GPU idles before each ``dsagen bench`` row |
 | ``DSAGEN_BENCH_PARTIAL`` | none | a JSON file that ``dsagen bench`` rewrites with the rows so far after each row |
 | ``DSAGEN_BENCH_GIT`` | the checkout's ``git rev-parse`` | the bench rows' ``git`` field, for a tree copied without its ``.git`` |
 
@@ -34,6 +35,8 @@ def _flag(name: str) -> bool:
 
 
 def cache_root() -> Path:
+    """The build cache root: ``DSAGEN_CACHE_DIR`` (``~`` expanded), else
+    ``$XDG_CACHE_HOME/dsagen`` or ``~/.cache/dsagen``. Not created here."""
     env = os.environ.get("DSAGEN_CACHE_DIR")
     if env:
         return Path(env).expanduser()
@@ -42,6 +45,7 @@ def cache_root() -> Path:
 
 
 def lock_dir() -> Path:
+    """Where the per-build lock files live: ``DSAGEN_LOCK_DIR``, else ``<cache root>/locks``."""
     env = os.environ.get("DSAGEN_LOCK_DIR")
     return Path(env).expanduser() if env else cache_root() / "locks"
 
@@ -63,23 +67,29 @@ def lock_timeout() -> float:
 
 
 def arch_list() -> list[str] | None:
+    """``DSAGEN_ARCH_LIST`` as a list (``"sm_90a,sm_100a"`` -> ``["sm_90a", "sm_100a"]``), or
+    None when unset (every target of the spec). Names are not checked here."""
     env = os.environ.get("DSAGEN_ARCH_LIST", "").strip()
     return [a.strip() for a in env.split(",") if a.strip()] if env else None
 
 
 def jit_verbose() -> bool:
+    """``DSAGEN_JIT_VERBOSE`` set (to anything but empty, 0, false, no, off)."""
     return _flag("DSAGEN_JIT_VERBOSE")
 
 
 def jit_debug() -> bool:
+    """``DSAGEN_JIT_DEBUG`` set: nvcc ``-G``."""
     return _flag("DSAGEN_JIT_DEBUG")
 
 
 def jit_lineinfo() -> bool:
+    """``DSAGEN_JIT_LINEINFO`` set: nvcc ``-lineinfo``."""
     return _flag("DSAGEN_JIT_LINEINFO")
 
 
 def extra_nvcc_flags() -> list[str]:
+    """``DSAGEN_NVCC_FLAGS`` split on whitespace (no shell quoting); empty when unset."""
     return os.environ.get("DSAGEN_NVCC_FLAGS", "").split()
 
 
@@ -113,6 +123,8 @@ def check() -> list[str]:
 
 
 def jit_disabled() -> bool:
+    """``DSAGEN_DISABLE_JIT`` set: a variant missing from the cache is a
+    :class:`dsagen.jit.JitDisabledError` instead of a build."""
     return _flag("DSAGEN_DISABLE_JIT")
 
 

@@ -10,6 +10,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DType:
+    """One element type of :data:`KEY_DTYPES` (``Spec.key``, ``Spec.query``): its names in the
+    spec, torch, the C++ CPU backend and CUDA, its storage bits and its largest finite
+    magnitude (the quantization target: 448 for e4m3, 6 for e2m1; 0 for the unscaled bf16 and
+    fp16)."""
+
     name: str            # name in the YAML spec
     bits: int            # storage bits per element
     torch_name: str      # attribute of the torch module (resolved lazily: importing torch is slow)
@@ -21,6 +26,8 @@ class DType:
 
     @property
     def torch_dtype(self):
+        """The ``torch.dtype`` of a tensor holding these values (``torch.uint8`` for e2m1: two
+        packed codes per byte). Imports torch."""
         import torch
         return getattr(torch, self.torch_name)
 

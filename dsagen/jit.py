@@ -53,10 +53,12 @@ class CaptureError(RuntimeError):
 
 
 def cache_root() -> Path:
+    """The build cache root (:func:`dsagen.config.cache_root`)."""
     return config.cache_root()
 
 
 def verbose() -> bool:
+    """Whether loads log to stderr (``DSAGEN_JIT_VERBOSE``)."""
     return config.jit_verbose()
 
 
@@ -67,7 +69,8 @@ def _log(msg: str) -> None:
 @functools.lru_cache(maxsize=None)
 def cutlass_include_dir() -> Path:
     """``cutlass_library/source/include`` of the installed nvidia-cutlass wheel, found without
-    importing the package (importing it pulls in heavy modules)."""
+    importing the package (importing it pulls in heavy modules). Raises BuildError where the
+    wheel or its CuTe headers are missing."""
     spec = importlib.util.find_spec("cutlass_library")
     if spec is None or not spec.submodule_search_locations:
         raise BuildError("nvidia-cutlass is not installed (pip install nvidia-cutlass): its wheel "
@@ -80,6 +83,7 @@ def cutlass_include_dir() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def cutlass_version() -> str:
+    """The installed nvidia-cutlass wheel's version, or ``"unknown"``."""
     try:
         return importlib.metadata.version("nvidia-cutlass")
     except importlib.metadata.PackageNotFoundError:
@@ -99,6 +103,8 @@ def find_nvcc() -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def nvcc_version(nvcc: str | None = None) -> str:
+    """``nvcc --version``'s build version (e.g. ``12.8.93``) of ``nvcc`` (default
+    :func:`find_nvcc`), or ``"none"`` without one."""
     nvcc = nvcc or find_nvcc()
     if not nvcc:
         return "none"
@@ -108,6 +114,8 @@ def nvcc_version(nvcc: str | None = None) -> str:
 
 
 def extra_nvcc_flags() -> list[str]:
+    """``DSAGEN_NVCC_FLAGS`` plus ``-G`` / ``-lineinfo`` where ``DSAGEN_JIT_DEBUG`` /
+    ``DSAGEN_JIT_LINEINFO`` are set (part of the cache key)."""
     flags = list(config.extra_nvcc_flags())
     if config.jit_debug():
         flags.append("-G")
@@ -125,6 +133,8 @@ def _sha256(path: Path) -> str:
 
 
 def variant_files(with_cuda: bool) -> list[str]:
+    """The rendered files a build compiles: headers and CPU sources, and the ``.cu`` sources
+    ``with_cuda``."""
     return list(HEADERS) + list(CPU_SOURCES) + (list(CUDA_SOURCES) if with_cuda else [])
 
 
@@ -152,6 +162,9 @@ def cache_key(inputs: dict) -> str:
 
 @dataclass
 class Built:
+    """What :func:`build_extension` found or built: the shared ``library``'s path, the cache
+    ``key`` (SHA-256 hex), whether it was ``cached``, the build's wall ``seconds`` (0 for a hit)
+    and whether the build already ``loaded`` it into this process."""
     library: Path
     key: str
     cached: bool
@@ -160,6 +173,7 @@ class Built:
 
 
 def entry_dir(root: Path, name: str, key: str) -> Path:
+    """The cache entry folder of a build: ``root/<name>-<first 16 hex digits of key>``."""
     return root / f"{name}-{key[:16]}"
 
 
@@ -340,6 +354,9 @@ def _compile(name: str, tmp: Path, archs: list[str], with_cuda: bool, inputs: di
 
 @dataclass
 class NvccResult:
+    """One compile of :func:`nvcc_compile_only`: ``arch`` (``sm_90a``...), ``source`` (a ``.cu``
+    file name), ``ok`` (nvcc exited 0), wall ``seconds``, and ``log`` (the command line and
+    nvcc's output)."""
     arch: str
     source: str
     ok: bool
@@ -349,10 +366,13 @@ class NvccResult:
 
 def nvcc_compile_only(sources: dict[str, str], archs: list[str], workdir: Path | None = None,
                       jobs: int = 2) -> list[NvccResult]:
-    """Compile every ``.cu`` source for each arch with nvcc (``-c``, nothing is run).
+    """Compile every ``.cu`` source for each arch with nvcc (``-c``, nothing is run), ``jobs``
+    compiles at a time, in ``workdir`` (default a new temporary folder, kept).
 
+    Returns:
+        one :class:`NvccResult` per (arch, source); a failed compile is ``ok`` False, not raised.
     Raises:
-        BuildError: nvcc is not found.
+        BuildError: nvcc is not found, or the nvidia-cutlass headers are missing.
     """
     from concurrent.futures import ThreadPoolExecutor
 

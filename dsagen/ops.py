@@ -57,7 +57,20 @@ def cuda_archs(spec: Spec) -> list[str]:
 
 @dataclass
 class Ops:
-    """The built ops of one spec."""
+    """The built ops of one spec, as :func:`load` returns them (one object per spec, tuning and
+    ``with_cuda`` in a process).
+
+    Attributes:
+        spec: the layout the ops were built for.
+        namespace: the ``torch.ops`` namespace they are registered under
+            (``dsagen_<name>_<digest>``, plus ``_t<hash>`` for a non-default tuning).
+        library: path of the loaded shared library in the build cache.
+        has_cuda: whether the CUDA kernels were built (the CPU kernels always are).
+        tuning: the kernel tuning overrides the ops were built with (None: the defaults).
+
+    The methods take and return torch tensors; semantics per method (DeepGEMM
+    ``fp8_paged_mqa_logits`` / ``fp8_mqa_logits`` for the logits, DESIGN.md section 2 for the
+    store)."""
 
     spec: Spec
     namespace: str

@@ -72,20 +72,23 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture
 def dsagen_spec(dsagen_spec_path):
-    """The loaded :class:`dsagen.Spec` of ``dsagen_spec_path``."""
+    """The loaded :class:`dsagen.Spec` of ``dsagen_spec_path`` (a :class:`dsagen.SpecError`
+    for a bad file errors the test)."""
     from .spec import load_spec
     return load_spec(dsagen_spec_path)
 
 
 @pytest.fixture
 def dsagen_ops(dsagen_spec):
-    """``dsagen.load(spec)`` (built once per process; see :func:`dsagen.ops.load`)."""
+    """``dsagen.load(spec)`` (built once per process; see :func:`dsagen.ops.load`, whose errors,
+    e.g. :class:`dsagen.jit.BuildError`, error the test)."""
     from . import load
     return load(dsagen_spec)
 
 
 class SpecCheckFailed(AssertionError):
-    pass
+    """A built-in check failed: the kernels disagree with the reference (the message holds the
+    seed and the verification table) or an nvcc compile failed (its log)."""
 
 
 class SpecCheckItem(pytest.Item):

@@ -620,7 +620,8 @@ def run_recall(specs: Sequence[Spec], *, contexts: Sequence[int] | None = None,
 
 
 def format_table(res: dict) -> str:
-    """The plain-text table printed by ``dsagen recall``."""
+    """The plain-text table printed by ``dsagen recall``, from :func:`run_recall`'s ``res``: per
+    layout and context, mean and minimum recall and the needle hit rate per margin."""
     no_rot = bool(res["synthetic"]) and not res["synthetic"]["rotate"]
     title = (f"indexer top-{res['index_topk']} recall vs exact float64 ranking "
              f"({res['source']}{' ' + res['dump'] if res['dump'] else ''}, {res['queries']} queries "
@@ -656,8 +657,10 @@ def format_table(res: dict) -> str:
 
 
 def plot(res: dict, path: str | Path) -> Path:
-    """Write ``recall.png``: mean recall vs context per layout, and (synthetic inputs) needle hit
-    rate vs margin per layout over all contexts. Returns the path."""
+    """Write the chart of :func:`run_recall`'s ``res`` to ``path`` (matplotlib Agg, format by its
+    suffix; :func:`write_outputs` names it ``recall.png``): mean recall vs context per layout,
+    and (synthetic inputs) needle hit rate vs margin per layout over all contexts. Returns the
+    path. Raises OSError where it cannot be written."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -698,7 +701,9 @@ def plot(res: dict, path: str | Path) -> Path:
 
 
 def write_outputs(res: dict, out_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``recall.json`` and ``recall.png`` into ``out_dir`` (created); returns their paths."""
+    """Write ``recall.json`` (``res`` as JSON) and ``recall.png`` (:func:`plot`) into ``out_dir``
+    (created with its parents); returns their paths. Raises OSError where they cannot be
+    written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     js = out / "recall.json"

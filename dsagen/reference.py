@@ -186,16 +186,21 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
 
 
 def read_key_bytes(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec) -> torch.Tensor:
-    """Stored key bytes of some slots: uint8 ``[n, key_bytes_per_token]``."""
+    """Stored key bytes of some slots: uint8 ``[n, key_bytes_per_token]`` on ``kv_cache``'s
+    device. ``slots``: integer ``[n]`` slot ids (``page * page_size + offset``). Raises
+    IndexError for a slot outside ``kv_cache`` (CPU tensors; CUDA indexing fails with a
+    device-side assert instead)."""
     flat = kv_cache.reshape(-1)
     key_off, _ = _offsets(spec, slots.to(flat.device))
     return flat[key_off[:, None] + torch.arange(spec.key_bytes_per_token, device=flat.device)]
 
 
 def key_storage(kq: torch.Tensor, scale: torch.Tensor | None, spec: Spec):
-    """Quantized keys (:func:`quantize`) in the form ``ragged_logits`` takes: ``(k, k_scale)``,
-    ``k`` in the key dtype (e2m1: packed uint8 ``[N, head_dim/2]``), ``k_scale`` fp32 ``[N]``
-    with one scale per token (DeepGEMM's form), ``[N, scales_per_token]`` otherwise, or None."""
+    """Quantized keys (:func:`quantize`: ``kq [N, head_dim]``, ``scale`` fp32
+    ``[N, scales_per_token]`` or None) in the form ``ragged_logits`` takes: ``(k, k_scale)``,
+    ``k`` in the key dtype ``[N, head_dim]`` (e2m1: packed uint8 ``[N, head_dim/2]``),
+    ``k_scale`` fp32 ``[N]`` with one scale per token (DeepGEMM ``fp8_mqa_logits``' form),
+    ``[N, scales_per_token]`` otherwise, or None."""
     k = _key_bytes(kq, spec) if spec.key.name == "e2m1" else kq
     if scale is not None and spec.scales_per_token == 1:
         scale = scale[:, 0].contiguous()
@@ -205,7 +210,14 @@ def key_storage(kq: torch.Tensor, scale: torch.Tensor | None, spec: Spec):
 def read_scales(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
                 kv_scales: torch.Tensor | None = None) -> torch.Tensor | None:
     """Stored scales of some slots: float32 ``[n, scales_per_token]``, or None (unscaled layout).
-    ``kv_scales``: the scale tensor of a ``separate`` spec, None otherwise."""
+    ``slots``: integer ``[n]`` slot ids. ``kv_scales``: the scale tensor of a ``separate`` spec,
+    None otherwise. ue8m0 bytes ``e`` decode to ``2**(e - 127)``.
+
+    Raises:
+        ValueError: ``kv_scales`` missing for a separate spec or given for another.
+        IndexError: a slot outside the scale tensor (CPU tensors; CUDA indexing fails with a
+            device-side assert instead).
+    """
     flat = _scale_tensor(spec, kv_cache, kv_scales).reshape(-1)
     if not spec.quantized:
         return None
@@ -220,7 +232,8 @@ def read_tokens(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
                 kv_scales: torch.Tensor | None = None):
     """Raw stored values of some slots: ``(k_q [n, head_dim]``, ``scale [n, scales_per_token]``
     float32 or None). ``k_q`` is in the key dtype (e2m1: float32 grid values, exact).
-    ``kv_scales``: the scale tensor of a ``separate`` spec, None otherwise."""
+    ``slots``: integer ``[n]`` slot ids. ``kv_scales``: the scale tensor of a ``separate`` spec,
+    None otherwise. Raises as :func:`read_scales` (ValueError, IndexError)."""
     raw = read_key_bytes(kv_cache, slots, spec)
     kq = _e2m1_unpack(raw) if spec.key.name == "e2m1" else raw.view(spec.key.torch_dtype)
     return kq, read_scales(kv_cache, slots, spec, kv_scales)
@@ -228,8 +241,10 @@ def read_tokens(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
 
 def dequantize(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
                dtype: torch.dtype = torch.float32, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
-    """Keys of some slots as ``[n, head_dim]`` ``dtype`` (stored value times its scale).
-    ``kv_scales``: the scale tensor of a ``separate`` spec, None otherwise."""
+    """Keys of some slots as ``[n, head_dim]`` ``dtype`` (stored value times its scale, per
+    block of ``scale.block`` elements). ``slots``: integer ``[n]`` slot ids. ``kv_scales``: the
+    scale tensor of a ``separate`` spec, None otherwise. Raises as :func:`read_scales`
+    (ValueError, IndexError)."""
     kq, sc = read_tokens(kv_cache, slots, spec, kv_scales)
     k = kq.to(dtype)
     if sc is not None:
@@ -242,7 +257,9 @@ def valid_mask(context_lens: torch.Tensor, next_n: int, max_context_len: int) ->
     """bool ``[B*next_n, max_context_len]``: which logits are defined (DESIGN.md section 2).
 
     1-D ``context_lens [B]``: row ``b*next_n+i`` sees key ``j`` iff ``j < ctx[b]`` and
-    ``j <= ctx[b] - next_n + i``. 2-D ``context_lens [B, next_n]``: iff ``j < ctx[b, i]``.
+    ``j <= ctx[b] - next_n + i``. 2-D ``context_lens [B, next_n]``: iff ``j < ctx[b, i]``
+    (``next_n`` is then its second dimension; the argument is not used). Any integer dtype; the
+    result is on ``context_lens``' device. Matches DeepGEMM ``fp8_paged_mqa_logits``' masking.
     """
     cl = context_lens.long()
     j = torch.arange(max_context_len, device=cl.device)
@@ -270,6 +287,8 @@ def _check_logits_args(q, kv_cache, weights, context_lens, block_table, max_cont
                          f"{kv_cache.dtype} {list(kv_cache.shape)}")
     if _scale_tensor(spec, kv_cache, kv_scales).shape[0] != kv_cache.shape[0]:
         raise ValueError(f"kv_scales must have kv_cache's {kv_cache.shape[0]} pages, got {kv_scales.shape[0]}")
+    if max_context_len < 0:
+        raise ValueError(f"max_context_len must be >= 0, got {max_context_len}")
     if max_context_len > block_table.shape[1] * spec.page_size:
         raise ValueError("max_context_len exceeds block_table capacity")
 
@@ -321,7 +340,7 @@ def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
         ``[B*next_n, max_context_len]`` logits.
     Raises:
         ValueError: shapes that do not match the spec, ``kv_cache`` not uint8
-            ``[num_pages, page_bytes]``, ``max_context_len`` past the block table's capacity,
+            ``[num_pages, page_bytes]``, ``max_context_len`` negative or past the block table's capacity,
             ``kv_scales`` missing for a separate spec or given for another. The other inputs'
             dtypes are not checked: they are converted to ``compute_dtype`` (a reference, not
             a kernel).
@@ -353,7 +372,11 @@ def paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
 
 def decode_keys(k: torch.Tensor, spec: Spec) -> torch.Tensor:
     """Stored key values (unscaled) as float32 ``[N, head_dim]`` from their storage form: the key
-    dtype ``[N, head_dim]``, or uint8 ``[N, key_bytes_per_token]`` (e2m1: packed nibbles)."""
+    dtype ``[N, head_dim]``, or uint8 ``[N, key_bytes_per_token]`` (e2m1: packed nibbles).
+
+    Raises:
+        ValueError: ``k`` is neither form (e2m1: only the uint8 one).
+    """
     if spec.key.name == "e2m1":
         if k.dtype != torch.uint8 or k.dim() != 2 or k.shape[1] != spec.key_bytes_per_token:
             raise ValueError(f"e2m1 keys must be uint8 [N, {spec.key_bytes_per_token}], got "
@@ -393,9 +416,11 @@ def ragged_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None
             ``[N, key_bytes_per_token]``. The other inputs' dtypes are converted to
             ``compute_dtype``, not checked.
     """
-    S, N = q.shape[0], k.shape[0]
     if q.dim() != 3 or q.shape[1:] != (spec.num_heads, spec.head_dim):
         raise ValueError(f"q must be [S, {spec.num_heads}, {spec.head_dim}], got {list(q.shape)}")
+    if k.dim() != 2:
+        raise ValueError(f"k must be 2-D [N, ...], got {list(k.shape)}")
+    S, N = q.shape[0], k.shape[0]
     if weights.shape != (S, spec.num_heads) or ks.shape != (S,) or ke.shape != (S,):
         raise ValueError("weights must be [S, num_heads], ks and ke [S]")
     sc = None
@@ -427,11 +452,15 @@ def fallback_paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     [B]`` or ``[B, next_n]``, int32 ``block_table [B, max_pages]``), unchecked: it is a
     timing baseline. Returns fp32 ``[B*next_n, max_context_len]``.
     Raises:
-        ValueError: ``kv_scales`` missing for a separate spec or given for another.
+        ValueError: ``kv_scales`` missing for a separate spec or given for another, or
+            ``block_table`` narrower than ``max_context_len`` needs.
     """
     B, next_n, H, D = q.shape
     ps = spec.page_size
     P = (max_context_len + ps - 1) // ps
+    if block_table.dim() != 2 or block_table.shape[1] < P:
+        raise ValueError(f"block_table must be [B, >= {P}] for max_context_len {max_context_len}, "
+                         f"got {list(block_table.shape)}")
     ids = block_table[:, :P].long()
     pages = kv_cache[ids]                                           # [B, P, page_bytes]
     home = _scale_tensor(spec, kv_cache, kv_scales)                 # checks kv_scales either way
@@ -461,7 +490,12 @@ def fallback_paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
 
 
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
-    """DeepGEMM's similarity measure ``1 - 2*sum(x*y) / sum(x*x + y*y)`` in float64."""
+    """DeepGEMM's similarity measure ``1 - 2*sum(x*y) / sum(x*x + y*y)`` in float64 (its tests'
+    ``calc_diff``): 0 for identical inputs, and 0 where both are all zeros.
+
+    ``x``, ``y``: tensors of one shape (or broadcastable), any float dtype; pass only the valid
+    entries (an ``inf`` in either gives NaN). Returns a Python float. Nothing raised of its own.
+    """
     x, y = x.double(), y.double()
     denom = (x * x + y * y).sum()
     if denom == 0:

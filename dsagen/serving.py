@@ -42,15 +42,19 @@ class IndexerKCache:
             rounded up to 256), with per-layer views :meth:`layer_scales`; otherwise
             ``scale_pool`` is None.
         device: where the pool lives (the ops are loaded in ``__init__`` with
-            ``dsagen.load(spec)``, which builds the CPU and, with a CUDA torch, the CUDA kernels
-            of the spec, or finds them in the cache).
+            ``dsagen.load(spec)``, which builds the CPU kernels and, where the current CUDA
+            device matches one of the spec's targets, the CUDA kernels, or finds them in the
+            cache). A CUDA pool on a device that matches no target is allocated, but the op
+            calls on it then fail with a RuntimeError (no CUDA kernel is registered).
         ops: already loaded ops (default: ``dsagen.load(spec)``) of a spec with the same byte
             layout, element types, head_dim and heads, and every next_n of ``spec`` (its name,
             description and targets may differ).
     Raises:
         ValueError: ``num_layers`` or ``num_pages`` < 1, or ``ops`` built for a spec that
             differs in any of those.
-        dsagen.SpecError: a bad spec file. dsagen.jit.BuildError: the build fails.
+        dsagen.SpecError: a bad spec file. dsagen.jit.BuildError: the build fails. Otherwise
+            what :func:`dsagen.load` raises (e.g. ``dsagen.jit.CaptureError`` during CUDA-graph
+            capture).
     """
 
     def __init__(self, spec, num_layers: int, num_pages: int, device="cpu", ops=None):
@@ -77,8 +81,10 @@ class IndexerKCache:
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes one token takes in a page (keys and, unless separate, scales): 132 for
-        fp8_e4m3_page64, 256 for bf16_page64."""
+        """Key plus scale bytes of one token (``spec.bytes_per_token``): 132 for
+        fp8_e4m3_page64, 256 for bf16_page64. For a ``separate`` spec this includes the scales
+        kept in ``scale_pool``; its bytes per token in ``pool`` are
+        ``spec.cache_bytes_per_token``."""
         return self.spec.bytes_per_token
 
     def layer(self, layer: int) -> torch.Tensor:
@@ -140,7 +146,18 @@ class IndexerKCache:
 
     def schedule(self, context_lens, block_table, next_n: int, max_context_len: int) -> torch.Tensor:
         """The decode step's paged-logits schedule, made once and passed to every layer's
-        :meth:`paged_logits` (:meth:`dsagen.ops.Ops.paged_logits_schedule`)."""
+        :meth:`paged_logits` (:meth:`dsagen.ops.Ops.paged_logits_schedule`; the role of
+        DeepGEMM's ``get_paged_mqa_logits_metadata``).
+
+        Args:
+            context_lens: int32 ``[B]`` or ``[B, next_n]``.
+            block_table: int32 ``[B, max_pages]``.
+            next_n, max_context_len: those of the step's :meth:`paged_logits` calls.
+        Returns:
+            int32 ``[num_sms, 136]`` on CUDA, ``[0, 136]`` on the CPU backend.
+        Raises:
+            RuntimeError: next_n not in the spec, or shapes, dtypes or devices wrong.
+        """
         return self.ops.paged_logits_schedule(context_lens, block_table, next_n, max_context_len)
 
     def gather(self, layer: int, block_table: torch.Tensor, cu_seq_lens: torch.Tensor):
@@ -156,9 +173,10 @@ class IndexerKCache:
             one after another. (Reads ``cu_seq_lens[-1]`` and whether every page id read is
             valid on the host: a prefill-side call, not part of a captured decode step.)
         Raises:
-            ValueError: ``cu_seq_lens`` is not a 1-D integer tensor of ``B+1`` prefix sums (from
-                0, non-decreasing) with ``B`` at most ``block_table``'s rows (request ``b`` reads
-                row ``b``; rows past ``B``, such as a padded max-batch table's, are not read),
+            ValueError: ``block_table`` is not 2-D, ``cu_seq_lens`` is not a 1-D integer tensor
+                of ``B+1`` prefix sums (from 0, non-decreasing) with ``B`` at most
+                ``block_table``'s rows (request ``b`` reads row ``b``; rows past ``B``, such as a
+                padded max-batch table's, are not read),
                 a page id that a request's keys need is not in ``[0, num_pages)`` (such as the -1
                 that pads block tables), or a request's keys run past ``block_table``'s columns.
             IndexError: ``layer`` out of range.
@@ -194,7 +212,12 @@ class IndexerKCache:
         return k, R.read_scales(self.layer(layer), slots, self.spec, self.layer_scales(layer))
 
     def ragged_logits(self, q, k, k_scale, weights, ks, ke, clean_logits: bool = True):
-        """Prefill logits over keys from :meth:`gather`; see :meth:`dsagen.ops.Ops.ragged_logits`."""
+        """Prefill logits over keys from :meth:`gather` (DeepGEMM ``fp8_mqa_logits`` semantics;
+        :meth:`dsagen.ops.Ops.ragged_logits`): ``q [S, num_heads, head_dim]`` in
+        ``spec.query``, ``k``/``k_scale`` as :meth:`gather` returns them, fp32 ``weights [S,
+        num_heads]``, int32 ``ks``/``ke [S]`` key ranges. Returns fp32 ``[S, N]``. No layer
+        argument: the keys are already gathered. Raises RuntimeError where shapes, dtypes or
+        devices do not match the spec."""
         return self.ops.ragged_logits(q, k, k_scale, weights, ks, ke, clean_logits)
 
 

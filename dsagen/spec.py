@@ -84,15 +84,18 @@ class Layout:
 class Spec:
     """A validated layout spec. Build with :func:`load_spec` or :func:`Spec.from_dict`.
 
-    Fields (the YAML keys of the README's "Spec format"): ``head_dim`` (elements per key, 32-256),
-    ``page_size`` (tokens per page, a power of two 1-256), ``key_dtype`` (``e4m3``, ``bf16``,
-    ``fp16``, ``e2m1``), ``scale_dtype`` (``fp32``, ``ue8m0`` or ``none``), ``scale_rounding``
-    (``none`` or ``pow2``), ``scale_block`` (elements per scale), ``scale_placement``
-    (``page_tail``, ``interleaved`` or ``separate``), ``num_heads`` (8-128), ``next_n`` (the
-    query positions per request the kernels are built for, a tuple of 1-4), ``targets`` (CUDA
-    arches, ``sm_90a`` / ``sm_100a``), ``page_stride_bytes`` (bytes per page when padded, else
-    None). Derived byte counts (``bytes_per_token``, ``page_bytes``, :attr:`layout`) are
-    properties.
+    Fields (the YAML keys of the README's "Spec format"): ``name`` (an identifier of at most 100
+    characters), ``description`` (one line), ``head_dim`` (elements per key: 32, 64, 128 or
+    256), ``page_size`` (tokens per page, a power of two 1-256), ``key_dtype`` (``e4m3``,
+    ``bf16``, ``fp16``, ``e2m1``), ``scale_dtype`` (``fp32``, ``ue8m0`` or ``none``),
+    ``scale_rounding`` (``none`` or ``pow2``), ``scale_block`` (elements per scale, a power of
+    two in ``[16, head_dim]``; ``head_dim`` when unscaled), ``scale_placement`` (``page_tail``,
+    ``interleaved`` or ``separate``), ``num_heads`` (a multiple of 8 in 8-128), ``next_n`` (the
+    query positions per request the kernels are built for, a sorted tuple of 1-4),
+    ``targets`` (CUDA arches, ``sm_90a`` / ``sm_100a``), ``page_stride_bytes`` (bytes per page
+    when padded, a multiple of 16, else None); ``source`` (the file it was read from, not part
+    of equality or :attr:`digest`). Derived byte counts (``bytes_per_token``, ``page_bytes``,
+    :attr:`layout`) are properties. The layouts and their semantics: DESIGN.md sections 2-3.
     """
 
     name: str

@@ -131,7 +131,9 @@ class Report:
 
 
 def random_keys(n: int, head_dim: int, gen: torch.Generator, device, dtype=torch.bfloat16) -> torch.Tensor:
-    """Keys with heavy-ish per-token magnitudes (so scales differ between tokens)."""
+    """Keys ``[n, head_dim]`` in ``dtype`` on ``device`` with heavy-ish per-token magnitudes
+    (``randn * exp(randn) * 2``, drawn in float32 on the CPU with ``gen``), so scales differ
+    between tokens."""
     k = torch.randn(n, head_dim, generator=gen, dtype=torch.float32)
     k = k * torch.exp(torch.randn(n, 1, generator=gen)) * 2.0
     return k.to(device=device, dtype=dtype)
@@ -258,7 +260,24 @@ def check_logits(ops, spec: Spec, context_lens, next_n: int, gen: torch.Generato
                  ctx_2d: bool = False, clean_logits: bool = True, reruns: int = 1,
                  max_context_len: int | None = None) -> Row:
     """One paged-logits case; see the module docstring for what is checked (outputs
-    NaN-poisoned by the ops' switch where they have it)."""
+    NaN-poisoned by the ops' switch where they have it).
+
+    Args:
+        ops: :class:`dsagen.ops.Ops` of ``spec`` (or an object with its ``paged_logits``).
+        context_lens: ``B`` lengths in tokens, or with ``ctx_2d`` ``B`` lists of ``next_n``.
+        next_n: query rows per request (one of ``spec.next_n``).
+        gen: CPU generator of every random input; device: where the op runs.
+        clean_logits: passed to the op (False: only the visible entries are compared).
+        reruns: calls whose results must be bitwise equal (without ``clean_logits``: on
+            the visible entries).
+        max_context_len: result columns (default the longest length).
+    Returns:
+        a :class:`Row` (``op="paged_logits"``; ``backend`` left for the caller to set).
+    Raises:
+        what the op or :func:`dsagen.reference.paged_logits` raises for the inputs (e.g. a
+        RuntimeError for a ``next_n`` the spec was not built for); a disagreement is a failed
+        row, not an exception.
+    """
     with _poisoning(ops):
         return _check_logits(ops, spec, context_lens, next_n, gen, device, ctx_2d, clean_logits,
                              reruns, max_context_len)
@@ -285,7 +304,10 @@ def _check_logits(ops, spec, context_lens, next_n, gen, device, ctx_2d, clean_lo
     _score(row, out, ref, mag, clean_logits)
     for _ in range(reruns - 1):
         again = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits, **_scales_kw(sc))
-        if not torch.equal(again, out) and not (clean_logits is False):
+        # without clean_logits only the visible entries are defined (the rest is unspecified)
+        same = (torch.equal(again, out) if clean_logits else
+                torch.equal(again[torch.isfinite(ref)], out[torch.isfinite(ref)]))
+        if not same:
             row.deterministic = False
     # the same call from a precomputed schedule (paged_logits_schedule) must give the same bits
     # (on the visible entries without clean_logits: the rest is unspecified); ops objects
@@ -315,7 +337,11 @@ def ragged_inputs(spec: Spec, S: int, N: int, gen: torch.Generator, device):
 def check_ragged(ops, spec: Spec, ks: list[int], ke: list[int], N: int, gen: torch.Generator,
                  device, clean_logits: bool = True, label: str = "", reruns: int = 1) -> Row:
     """One ragged (prefill) logits case: query s sees keys ``[ks[s], ke[s])`` of ``N``
-    (outputs NaN-poisoned by the ops' switch where they have it)."""
+    (outputs NaN-poisoned by the ops' switch where they have it), against
+    :func:`dsagen.reference.ragged_logits` in float64 (DeepGEMM ``fp8_mqa_logits``
+    semantics). ``ks``, ``ke``: ``S`` integers each; ``label``: appended to the row's shape;
+    ``reruns``: calls that must be bitwise equal. Returns a :class:`Row` (``backend`` left for
+    the caller); what the op raises for the inputs propagates."""
     with _poisoning(ops):
         return _check_ragged(ops, spec, ks, ke, N, gen, device, clean_logits, label, reruns)
 
@@ -357,9 +383,11 @@ def ragged_cases(gen: torch.Generator, quick: bool):
 
 
 def check_store(ops, spec: Spec, n: int, gen: torch.Generator, device, k_dtype=torch.bfloat16) -> Row:
-    """Store ``n`` random keys (with :func:`with_edge_tokens`' edge cases) at random distinct
-    slots; the whole cache (and the scale tensor of a ``separate`` spec) must equal the
-    reference's."""
+    """Store ``n`` random keys (``k_dtype`` ``[n, head_dim]``, with :func:`with_edge_tokens`'
+    edge cases) at random distinct slots of a random-byte cache of ``ceil(2n/page_size)+1``
+    pages; the whole cache (and the scale tensor of a ``separate`` spec) must equal
+    :func:`dsagen.reference.store`'s, byte for byte. Returns a :class:`Row` (``op="store"``,
+    ``bytes_equal``; ``backend`` left for the caller); what the op raises propagates."""
     num_pages = math.ceil(2 * n / spec.page_size) + 1
     cache = random_bytes(num_pages, spec.page_bytes, gen)
     scales = random_bytes(num_pages, spec.scale_page_bytes, gen) if spec.separate_scales else None
@@ -475,6 +503,10 @@ def verify(spec: Spec, ops, device: str = "cpu", seed: int = 0, quick: bool = Fa
     NaN-poisoned in every logits case (:func:`check_logits`, :func:`check_ragged`; restored
     after each). Returns a :class:`Report`;
     ``report.passed`` is the verdict.
+
+    ``ops``: :class:`dsagen.ops.Ops` of ``spec`` loaded for ``device`` (CUDA kernels for
+    "cuda"). Raises nothing for a disagreement (a failed row); an error an op raises for the
+    sweep's inputs (e.g. RuntimeError from CPU-only ops on "cuda") propagates.
     """
     gen = torch.Generator().manual_seed(seed)
     rep = Report(spec.name, device)

@@ -526,3 +526,28 @@ def test_make_cache_holds_the_edge_tokens():
     k = cache.view(torch.bfloat16).view(-1, spec.page_size, spec.head_dim).reshape(-1, spec.head_dim).float()
     amax = k.abs().amax(1)
     assert (amax == 0).sum() == 1 and ((amax > 0) & (amax < 1e-4)).sum() == 2
+
+
+def test_reruns_are_compared_without_clean_logits():
+    """check_logits' reruns compare the visible entries of calls without clean_logits: a kernel
+    whose masked entries vary passes, one whose visible entries vary between calls fails."""
+    spec = dsagen.load_spec(REPO / "specs" / "fp8_e4m3_page64.yaml")
+    calls = []
+
+    class Ops:
+        def __init__(self, vary_visible):
+            self.vary_visible = vary_visible
+
+        def paged_logits(self, q, kv_cache, w, cl, bt, max_len, clean_logits=True, **kw):
+            out = R.paged_logits(q, kv_cache, w, cl, bt, max_len, True, spec).float()
+            calls.append(None)
+            masked = torch.isneginf(out)
+            out[masked] = float(len(calls))                   # a different value on each call
+            if self.vary_visible and len(calls) % 2 == 0:
+                out[~masked] = torch.nextafter(out[~masked], torch.full_like(out[~masked], float("inf")))
+            return out
+
+    for vary, want in ((False, True), (True, False)):
+        row = check_logits(Ops(vary), spec, [70, 130], 2, torch.Generator().manual_seed(4), "cpu",
+                           clean_logits=False, reruns=3)
+        assert row.deterministic is want, row

@@ -514,3 +514,21 @@ def test_e2m1_reference_with_no_keys():
     q, k, sc, w = ragged_inputs(spec, 3, 0, g, "cpu")
     ks = torch.zeros(3, dtype=torch.int32)
     assert R.ragged_logits(q, k, sc, w, ks, ks, True, spec, compute_dtype=torch.float64).shape == (3, 0)
+
+
+def test_reference_argument_errors(gen):
+    spec = SMALL_SPECS["e4m3_page_tail"]
+    cache, bt, sc = make_cache(spec, [13, 6], gen, "cpu")
+    q = torch.randn(2, 2, 8, 32, generator=gen).to(spec.query.torch_dtype)
+    w = torch.randn(4, 8, generator=gen)
+    cl = torch.tensor([13, 6], dtype=torch.int32)
+    with pytest.raises(ValueError, match="max_context_len must be >= 0"):
+        R.paged_logits(q, cache, w, cl, bt, -1, True, spec, kv_scales=sc)
+    with pytest.raises(ValueError, match="block_table must be"):
+        R.fallback_paged_logits(q, cache, w, cl, bt[:, :1], 13, spec, kv_scales=sc)
+    with pytest.raises(ValueError, match="q must be"):
+        R.ragged_logits(torch.tensor(1.0), torch.zeros(3, 32), torch.ones(3), torch.ones(1, 8),
+                        torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), True, spec)
+    with pytest.raises(ValueError, match="k must be 2-D"):
+        R.ragged_logits(torch.randn(1, 8, 32), torch.tensor(1.0), torch.ones(3), torch.ones(1, 8),
+                        torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), True, spec)
