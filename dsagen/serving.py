@@ -44,14 +44,15 @@ class IndexerKCache:
         device: where the pool lives (the ops are loaded in ``__init__`` with
             ``dsagen.load(spec)``, which builds the CPU kernels and, where the current CUDA
             device matches one of the spec's targets, the CUDA kernels, or finds them in the
-            cache). A CUDA pool on a device that matches no target is allocated, but the op
-            calls on it then fail with a RuntimeError (no CUDA kernel is registered).
+            cache). A CUDA pool whose ops have no CUDA kernels (no target matches the
+            device) is refused with a RuntimeError.
         ops: already loaded ops (default: ``dsagen.load(spec)``) of a spec with the same byte
             layout, element types, head_dim and heads, and every next_n of ``spec`` (its name,
             description and targets may differ).
     Raises:
         ValueError: ``num_layers`` or ``num_pages`` < 1, or ``ops`` built for a spec that
             differs in any of those.
+        RuntimeError: a CUDA ``device`` with ops that have no CUDA kernels.
         dsagen.SpecError: a bad spec file. dsagen.jit.BuildError: the build fails. Otherwise
             what :func:`dsagen.load` raises (e.g. ``dsagen.jit.CaptureError`` during CUDA-graph
             capture).
@@ -68,6 +69,10 @@ class IndexerKCache:
             raise ValueError(f"ops: built for spec {getattr(getattr(ops, 'spec', None), 'name', ops)!r}, "
                              f"not for {self.spec.name!r}: its layout, element types, heads or next_n differ")
         self.ops = ops if ops is not None else load(self.spec)
+        if torch.device(device).type == "cuda" and not getattr(self.ops, "has_cuda", True):
+            raise RuntimeError(f"device={str(device)!r}: {self.spec.name}'s ops have no CUDA kernels "
+                               f"(the spec's targets {', '.join(self.spec.targets)} do not match this "
+                               "process's CUDA device, or it has none)")
         self.layer_stride = -(-num_pages * self.spec.page_bytes // 256) * 256
         self.pool = torch.zeros(num_layers * self.layer_stride, dtype=torch.uint8, device=device)
         self.scale_layer_stride = -(-num_pages * self.spec.scale_page_bytes // 256) * 256

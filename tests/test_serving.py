@@ -203,6 +203,17 @@ def test_pool_refuses_ops_of_another_spec(dsagen_spec, dsagen_ops):
             IndexerKCache(spec.with_(next_n=[1, 2, 3, 4]), 1, 2, ops=dsagen_ops)
 
 
+def test_pool_refuses_a_cuda_device_without_cuda_kernels(dsagen_spec, dsagen_ops):
+    """A CUDA pool whose ops have no CUDA kernels (no target matches the device, or no device)
+    is refused when made, not at every op call."""
+    from dataclasses import replace
+    cpu_only = replace(dsagen_ops, has_cuda=False)
+    for device in ("cuda", "cuda:0", torch.device("cuda")):
+        with pytest.raises(RuntimeError, match="have no CUDA kernels"):
+            IndexerKCache(dsagen_spec, 1, 2, device=device, ops=cpu_only)
+    assert IndexerKCache(dsagen_spec, 1, 2, device="cpu", ops=cpu_only).pool.device.type == "cpu"
+
+
 def test_pool_paged_logits_out_does_not_hide_a_bad_q(dsagen_spec, dsagen_ops, gen):
     """With ``out`` given, a q of the wrong rank is reported as q (the op's error), not as a bad
     ``out``."""
