@@ -564,7 +564,7 @@ def run_recall(specs: Sequence[Spec], *, contexts: Sequence[int] | None = None,
         progress(0, total, "")
     for c in contexts:
         n = c // compress_ratio
-        groups: dict[tuple[int, int], tuple[Inputs, torch.Tensor]] = {}
+        groups: dict[tuple[int, int], tuple[Inputs, torch.Tensor, torch.Tensor]] = {}   # (inputs, exact logits, their top-k)
         for li, (s, ops) in enumerate(zip(specs, ops_list)):
             shape = (s.num_heads, s.head_dim)
             if shape not in groups:
