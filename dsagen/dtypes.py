@@ -11,9 +11,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class DType:
     """One element type of :data:`KEY_DTYPES` (``Spec.key``, ``Spec.query``): its names in the
-    spec, torch, the C++ CPU backend and CUDA, its storage bits and its largest finite
-    magnitude (the quantization target: 448 for e4m3, 6 for e2m1; 0 for the unscaled bf16 and
-    fp16)."""
+    spec, torch, the C++ CPU backend and CUDA, its storage bits and the quantization
+    target ``max_value``: the largest finite magnitude a scaled key is mapped to (448 for e4m3, 6 for
+    e2m1), 0 for bf16 and fp16, which are stored unscaled."""
 
     name: str            # name in the YAML spec
     bits: int            # storage bits per element

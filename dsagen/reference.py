@@ -147,9 +147,12 @@ def _scale_bytes(scale: torch.Tensor, spec: Spec) -> torch.Tensor:
 
 
 def _offsets(spec: Spec, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first key byte in ``kv_cache``, first scale byte in the scale tensor) of each slot."""
+    """(first key byte in ``kv_cache``, first scale byte in the scale tensor) of each slot.
+    IndexError for a negative slot (it would index from the end: not a slot)."""
     lay = spec.layout
     slots = slots.long()
+    if slots.numel() and bool((slots < 0).any()):
+        raise IndexError(f"negative slot id {int(slots.min())}: slots are page * page_size + offset >= 0")
     page, off = slots // lay.page_size, slots % lay.page_size
     key = page * lay.page_stride + off * lay.key_token_stride
     scale = page * lay.scale_page_stride + lay.scale_base + off * lay.scale_token_stride
@@ -169,7 +172,7 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
     Raises:
         ValueError: ``kv_scales`` missing for a separate spec or given for another; a ue8m0
             scale outside ``2**-127 .. 2**127`` (e.g. from an inf key).
-        IndexError: a slot outside ``kv_cache``.
+        IndexError: a slot outside ``kv_cache`` (negative, or past its end).
     """
     flat = kv_cache.view(-1)
     sflat = _scale_tensor(spec, kv_cache, kv_scales).view(-1)
@@ -188,8 +191,8 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
 def read_key_bytes(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec) -> torch.Tensor:
     """Stored key bytes of some slots: uint8 ``[n, key_bytes_per_token]`` on ``kv_cache``'s
     device. ``slots``: integer ``[n]`` slot ids (``page * page_size + offset``). Raises
-    IndexError for a slot outside ``kv_cache`` (CPU tensors; CUDA indexing fails with a
-    device-side assert instead)."""
+    IndexError for a negative slot, and for one past ``kv_cache``'s end on CPU tensors (CUDA
+    indexing fails with a device-side assert instead)."""
     flat = kv_cache.reshape(-1)
     key_off, _ = _offsets(spec, slots.to(flat.device))
     return flat[key_off[:, None] + torch.arange(spec.key_bytes_per_token, device=flat.device)]
@@ -215,8 +218,8 @@ def read_scales(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
 
     Raises:
         ValueError: ``kv_scales`` missing for a separate spec or given for another.
-        IndexError: a slot outside the scale tensor (CPU tensors; CUDA indexing fails with a
-            device-side assert instead).
+        IndexError: a negative slot, or one past the scale tensor's end on CPU tensors (CUDA
+            indexing fails with a device-side assert instead).
     """
     flat = _scale_tensor(spec, kv_cache, kv_scales).reshape(-1)
     if not spec.quantized:
@@ -419,7 +422,8 @@ def ragged_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None
     if q.dim() != 3 or q.shape[1:] != (spec.num_heads, spec.head_dim):
         raise ValueError(f"q must be [S, {spec.num_heads}, {spec.head_dim}], got {list(q.shape)}")
     if k.dim() != 2:
-        raise ValueError(f"k must be 2-D [N, ...], got {list(k.shape)}")
+        raise ValueError(f"k must be {spec.key.torch_name} [N, {spec.head_dim}] or uint8 "
+                         f"[N, {spec.key_bytes_per_token}], got {list(k.shape)}")
     S, N = q.shape[0], k.shape[0]
     if weights.shape != (S, spec.num_heads) or ks.shape != (S,) or ke.shape != (S,):
         raise ValueError("weights must be [S, num_heads], ks and ke [S]")
@@ -449,7 +453,7 @@ def fallback_paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
 
     Args: as :func:`paged_logits` (``q [B, next_n, num_heads, head_dim]``, uint8 ``kv_cache
     [num_pages, page_bytes]``, fp32 ``weights [B*next_n, num_heads]``, int32 ``context_lens
-    [B]`` or ``[B, next_n]``, int32 ``block_table [B, max_pages]``), unchecked: it is a
+    [B]`` or ``[B, next_n]``, int32 ``block_table [B, max_pages]``), checked only as Raises says: it is a
     timing baseline. Returns fp32 ``[B*next_n, max_context_len]``.
     Raises:
         ValueError: ``kv_scales`` missing for a separate spec or given for another, or
@@ -458,12 +462,12 @@ def fallback_paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     B, next_n, H, D = q.shape
     ps = spec.page_size
     P = (max_context_len + ps - 1) // ps
+    home = _scale_tensor(spec, kv_cache, kv_scales)                 # checks kv_scales either way
     if block_table.dim() != 2 or block_table.shape[1] < P:
         raise ValueError(f"block_table must be [B, >= {P}] for max_context_len {max_context_len}, "
                          f"got {list(block_table.shape)}")
     ids = block_table[:, :P].long()
     pages = kv_cache[ids]                                           # [B, P, page_bytes]
-    home = _scale_tensor(spec, kv_cache, kv_scales)                 # checks kv_scales either way
     spages = home[ids] if spec.separate_scales else pages
     o = torch.arange(ps, device=q.device)
     key_in_page, scale_in_page = _offsets(spec, o)                  # the slots of page 0

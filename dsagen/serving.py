@@ -69,10 +69,12 @@ class IndexerKCache:
             raise ValueError(f"ops: built for spec {getattr(getattr(ops, 'spec', None), 'name', ops)!r}, "
                              f"not for {self.spec.name!r}: its layout, element types, heads or next_n differ")
         self.ops = ops if ops is not None else load(self.spec)
-        if torch.device(device).type == "cuda" and not getattr(self.ops, "has_cuda", True):
-            raise RuntimeError(f"device={str(device)!r}: {self.spec.name}'s ops have no CUDA kernels "
-                               f"(the spec's targets {', '.join(self.spec.targets)} do not match this "
-                               "process's CUDA device, or it has none)")
+        if (device is not None and torch.device(device).type == "cuda"
+                and not getattr(self.ops, "has_cuda", True)):
+            ops_spec = getattr(self.ops, "spec", self.spec)
+            raise RuntimeError(f"device={str(device)!r}: the ops of {ops_spec.name} have no CUDA kernels "
+                               f"(built with with_cuda=False, or its targets "
+                               f"{', '.join(ops_spec.targets)} do not match this process's CUDA device)")
         self.layer_stride = -(-num_pages * self.spec.page_bytes // 256) * 256
         self.pool = torch.zeros(num_layers * self.layer_stride, dtype=torch.uint8, device=device)
         self.scale_layer_stride = -(-num_pages * self.spec.scale_page_bytes // 256) * 256

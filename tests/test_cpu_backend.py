@@ -11,7 +11,7 @@ import torch
 
 import dsagen
 from dsagen import reference as R
-from dsagen.verify import (COND_TOL, check_logits, check_store, make_cache, random_bytes, random_keys, random_q,
+from dsagen.verify import (COND_TOL, check_logits, check_ragged, check_store, make_cache, random_bytes, random_keys, random_q,
                            two_d_lens, verify)
 
 from conftest import REPO
@@ -551,3 +551,52 @@ def test_reruns_are_compared_without_clean_logits():
         row = check_logits(Ops(vary), spec, [70, 130], 2, torch.Generator().manual_seed(4), "cpu",
                            clean_logits=False, reruns=3)
         assert row.deterministic is want, row
+
+
+def test_reruns_of_unclean_ragged_calls_compare_the_visible_entries():
+    """check_ragged without clean_logits: masked entries that vary between calls pass, visible
+    ones that vary fail; and verify() reruns its unclean cases too."""
+    spec = dsagen.load_spec(REPO / "specs" / "fp8_e4m3_page64.yaml")
+    calls = []
+
+    class Ops:
+        def __init__(self, vary_visible):
+            self.vary_visible = vary_visible
+
+        def ragged_logits(self, q, k, k_scale, w, ks, ke, clean_logits=True):
+            out = R.ragged_logits(q, k, k_scale, w, ks, ke, True, spec).float()
+            calls.append(None)
+            masked = torch.isneginf(out)
+            out[masked] = float(len(calls))
+            if self.vary_visible and len(calls) % 2 == 0:
+                out[~masked] = torch.nextafter(out[~masked], torch.full_like(out[~masked], float("inf")))
+            return out
+
+    ks, ke = [0, 2, 5], [20, 9, 6]
+    for vary, want in ((False, True), (True, False)):
+        row = check_ragged(Ops(vary), spec, ks, ke, 20, torch.Generator().manual_seed(5), "cpu",
+                           clean_logits=False, reruns=3)
+        assert row.deterministic is want, row
+
+
+def test_verify_reruns_every_logits_case(monkeypatch):
+    """verify(reruns=k) calls the op k times for every logits case, the unclean ones included."""
+    spec = dsagen.load_spec(REPO / "specs" / "bf16_page64.yaml")
+    seen = {}
+
+    real_logits, real_ragged = dsagen.verify._check_logits, dsagen.verify._check_ragged
+
+    def logits(ops, spec, context_lens, next_n, gen, device, ctx_2d, clean_logits, reruns, max_len):
+        seen.setdefault(("paged", clean_logits), set()).add(reruns)
+        return real_logits(ops, spec, context_lens, next_n, gen, device, ctx_2d, clean_logits, reruns, max_len)
+
+    def ragged(ops, spec, ks, ke, N, gen, device, clean_logits, label, reruns):
+        seen.setdefault(("ragged", clean_logits), set()).add(reruns)
+        return real_ragged(ops, spec, ks, ke, N, gen, device, clean_logits, label, reruns)
+
+    monkeypatch.setattr(dsagen.verify, "_check_logits", logits)
+    monkeypatch.setattr(dsagen.verify, "_check_ragged", ragged)
+    rep = dsagen.verify.verify(spec, dsagen.load(spec), "cpu", quick=False, reruns=2)
+    assert rep.passed
+    assert seen == {("paged", True): {2}, ("paged", False): {2}, ("ragged", True): {2}, ("ragged", False): {2}}
+

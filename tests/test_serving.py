@@ -212,6 +212,8 @@ def test_pool_refuses_a_cuda_device_without_cuda_kernels(dsagen_spec, dsagen_ops
         with pytest.raises(RuntimeError, match="have no CUDA kernels"):
             IndexerKCache(dsagen_spec, 1, 2, device=device, ops=cpu_only)
     assert IndexerKCache(dsagen_spec, 1, 2, device="cpu", ops=cpu_only).pool.device.type == "cpu"
+    # device=None is torch's default device, as before the check
+    assert IndexerKCache(dsagen_spec, 1, 2, device=None, ops=cpu_only).pool.device.type == "cpu"
 
 
 def test_pool_paged_logits_out_does_not_hide_a_bad_q(dsagen_spec, dsagen_ops, gen):
