@@ -426,10 +426,8 @@ def ragged_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None
     """
     if q.dim() != 3 or q.shape[1:] != (spec.num_heads, spec.head_dim):
         raise ValueError(f"q must be [S, {spec.num_heads}, {spec.head_dim}], got {list(q.shape)}")
-    if k.dim() != 2:
-        raise ValueError(f"k must be {spec.key.torch_name} [N, {spec.head_dim}] or uint8 "
-                         f"[N, {spec.key_bytes_per_token}], got {list(k.shape)}")
-    S, N = q.shape[0], k.shape[0]
+    kf = decode_keys(k, spec)                       # checks k's forms
+    S, N = q.shape[0], kf.shape[0]
     if weights.shape != (S, spec.num_heads) or ks.shape != (S,) or ke.shape != (S,):
         raise ValueError("weights must be [S, num_heads], ks and ke [S]")
     sc = None
@@ -438,7 +436,7 @@ def ragged_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None
         if k_scale is None or tuple(k_scale.shape) not in ok:
             raise ValueError(f"k_scale must be fp32 " + " or ".join(str(list(x)) for x in ok))
         sc = k_scale.reshape(N, spec.scales_per_token).to(compute_dtype)
-    out = _head_sum(q.to(compute_dtype), decode_keys(k, spec).to(compute_dtype),
+    out = _head_sum(q.to(compute_dtype), kf.to(compute_dtype),
                     weights.to(compute_dtype), sc, spec, magnitude)
     n = torch.arange(N, device=q.device)
     valid = (n[None, :] >= ks.to(q.device).long()[:, None]) & (n[None, :] < ke.to(q.device).long()[:, None])

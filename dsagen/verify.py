@@ -225,6 +225,15 @@ def _poisoning(ops):
         yield
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor, ref: torch.Tensor, clean_logits: bool) -> bool:
+    """Whether two results of one logits call are bitwise equal: everywhere with
+    ``clean_logits``, else on the visible entries (finite in ``ref``; the rest is unspecified)."""
+    if clean_logits:
+        return torch.equal(a, b)
+    vis = torch.isfinite(ref)
+    return torch.equal(a[vis], b[vis])
+
+
 def _score(row: Row, out: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, clean_logits: bool) -> None:
     """Fill ``row``'s masks / written / error fields from the kernel's ``out``, the float64
     ``ref`` (``-inf`` where invalid) and the absolute-value sums ``mag``."""
@@ -304,10 +313,7 @@ def _check_logits(ops, spec, context_lens, next_n, gen, device, ctx_2d, clean_lo
     _score(row, out, ref, mag, clean_logits)
     for _ in range(reruns - 1):
         again = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits, **_scales_kw(sc))
-        # without clean_logits only the visible entries are defined (the rest is unspecified)
-        same = (torch.equal(again, out) if clean_logits else
-                torch.equal(again[torch.isfinite(ref)], out[torch.isfinite(ref)]))
-        if not same:
+        if not _same_bits(again, out, ref, clean_logits):
             row.deterministic = False
     # the same call from a precomputed schedule (paged_logits_schedule) must give the same bits
     # (on the visible entries without clean_logits: the rest is unspecified); ops objects
@@ -316,9 +322,7 @@ def _check_logits(ops, spec, context_lens, next_n, gen, device, ctx_2d, clean_lo
         sched = ops.paged_logits_schedule(cl, bt, next_n, max_len)
         with_sched = ops.paged_logits(q, cache, w, cl, bt, max_len, clean_logits, **_scales_kw(sc),
                                       schedule=sched)
-        same = (torch.equal(with_sched, out) if clean_logits else
-                torch.equal(with_sched[torch.isfinite(ref)], out[torch.isfinite(ref)]))
-        if not same:
+        if not _same_bits(with_sched, out, ref, clean_logits):
             row.deterministic = False
             row.note = (row.note + "; " if row.note else "") + "differs with a precomputed schedule"
     return _verdict(row, *logits_tolerance(spec, device, next_n, getattr(ops, "tuning", None)))
@@ -358,10 +362,7 @@ def _check_ragged(ops, spec, ks, ke, N, gen, device, clean_logits, label, reruns
     row = Row("ragged_logits", "", f"S={S} N={N} {label}".strip() + ("" if clean_logits else " unclean"))
     _score(row, out, ref, mag, clean_logits)
     for _ in range(reruns - 1):
-        again = ops.ragged_logits(q, k, sc, w, ks_t, ke_t, clean_logits)
-        # without clean_logits only the visible entries are defined (the rest is unspecified)
-        vis = torch.isfinite(ref)
-        if not (torch.equal(again, out) if clean_logits else torch.equal(again[vis], out[vis])):
+        if not _same_bits(ops.ragged_logits(q, k, sc, w, ks_t, ke_t, clean_logits), out, ref, clean_logits):
             row.deterministic = False
     return _verdict(row)
 

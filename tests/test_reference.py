@@ -533,6 +533,6 @@ def test_reference_argument_errors(gen):
         R.read_key_bytes(cache, torch.tensor([3, -1]), spec)
     with pytest.raises(IndexError, match="negative slot id"):
         R.store(torch.randn(1, 32), cache.clone(), torch.tensor([-64]), spec)
-    with pytest.raises(ValueError, match="k must be float8_e4m3fn"):
+    with pytest.raises(ValueError, match="must be float8_e4m3fn"):
         R.ragged_logits(torch.randn(1, 8, 32), torch.tensor(1.0), torch.ones(3), torch.ones(1, 8),
                         torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), True, spec)
