@@ -156,7 +156,8 @@ class Shape:
 def default_shapes(spec: Spec, quick: bool = False) -> list[Shape]:
     """The shape list of ``dsagen bench`` for one spec.
 
-    Full: paged_logits at ``B in {32, 128} x next_n in {1, 2} (those in spec.next_n) x ctx in
+    Full: paged_logits at ``B in {32, 128} x next_n in {1, 2} (those in spec.next_n; the spec's
+    smallest next_n where it has neither) x ctx in
     {8192, 32768, 65536}``, plus ``B=128`` with mixed lengths per next_n; store at
     ``N in {1, 128, 16384, 65536}`` at random slots and ``N=65536`` at a prefill's slots (whole
     pages; not for a page size of 1, where the two patterns are the same); ragged_logits
@@ -169,9 +170,7 @@ def default_shapes(spec: Spec, quick: bool = False) -> list[Shape]:
         return [Shape("paged_logits", B=32, next_n=nn, ctx=8192),
                 Shape("store", N=128), Shape("store", N=65536)]
     out: list[Shape] = []
-    for nn in (1, 2):
-        if nn not in spec.next_n:
-            continue
+    for nn in [n for n in (1, 2) if n in spec.next_n] or [min(spec.next_n)]:
         for B in (32, 128):
             for ctx in (8192, 32768, 65536):
                 out.append(Shape("paged_logits", B=B, next_n=nn, ctx=ctx))
@@ -639,6 +638,7 @@ _COLS = [  # (title, width, key, format)
     ("nn", 3, "next_n", "d"),
     ("ctx/N", 7, "ctx_or_N", "s"),
     ("us", 10, "us", ".1f"),
+    ("MB", 8, "bytes", "MB"),         # the minimal bytes moved (``bytes``), in 1e6 bytes
     ("GB/s", 7, "GBps", ".0f"),
     ("%copy", 6, "pct_copy_bw", ".1f"),
     ("us_sched", 9, "us_scheduled", ".1f"),
@@ -670,6 +670,8 @@ def _cell(row: dict, key: str, fmt: str) -> str:
         return "yes" if v else "NO"
     if fmt == "s":
         return str(v)
+    if fmt == "MB":
+        return format(v / 1e6, ".4g")
     return format(v, fmt)
 
 
@@ -1039,6 +1041,19 @@ class Bench:
             s = sets[k]
             ops.store(s["k"], s["kv_cache"], s["loc"], *(() if s["kv_scales"] is None else (s["kv_scales"],)))
 
+        # no races: the same bytes everywhere in the cache (and scales) each time set 0 is
+        # stored again from the same starting bytes
+        start = [sets[0][key].clone() for key in ("kv_cache", "kv_scales") if sets[0][key] is not None]
+
+        def stored():
+            for key, b in zip(("kv_cache", "kv_scales"), start):
+                sets[0][key].copy_(b)
+            kernel(0)
+            return [sets[0][key].clone() for key in ("kv_cache", "kv_scales") if sets[0][key] is not None]
+        first = stored()
+        row["bitwise_20_reruns"] = all(all(torch.equal(a, b) for a, b in zip(stored(), first))
+                                       for _ in range(self.reruns))
+        del first, start
         t = self.timer.time(kernel, n, self.runs, self.warmup, scrub)
         self._fill_timing(row, t, store_bytes(spec, N))
 
@@ -1158,7 +1173,8 @@ def run(specs: list[Spec], quick: bool = False, shapes=None, *, method: str | No
         JSON-serialisable rows: first ``op="meta"`` (card, versions, date, ``copy_GBps``...),
         then one per (spec, shape) with ``us`` (median, microseconds), ``bytes``, ``GBps``,
         ``pct_copy_bw``, ``fallback_us``, ``speedup_vs_fallback``, ``deepgemm_us``,
-        ``deepgemm_pct_copy_bw``, ``bitwise_20_reruns`` (paged_logits) and more. A spec whose
+        ``deepgemm_pct_copy_bw``, ``bitwise_20_reruns`` (every op: the same output bits, or for a
+        store the same cache bytes, over ``reruns`` reruns of one input set) and more. A spec whose
         ops fail to build or load gives one ``op="load"`` row with ``error`` set instead of
         raising, so the other specs still run; a failing shape's row carries ``error`` too.
     Raises:

@@ -133,14 +133,15 @@ def _key_bytes(kq: torch.Tensor, spec: Spec) -> torch.Tensor:
     return kq.contiguous().view(torch.uint8).reshape(kq.shape[0], -1)
 
 
-def _scale_bytes(scale: torch.Tensor, spec: Spec) -> torch.Tensor:
-    """uint8 ``[N, scale_bytes_per_token]`` storage of float32 scales."""
+def _scale_bytes(scale: torch.Tensor, spec: Spec, check: bool = True) -> torch.Tensor:
+    """uint8 ``[N, scale_bytes_per_token]`` storage of float32 scales. ``check``: ValueError for
+    a scale outside the ue8m0 range; on a CUDA tensor the check synchronizes the host."""
     if scale.shape[0] == 0:
         return torch.empty(0, spec.scale_bytes_per_token, dtype=torch.uint8, device=scale.device)
     if spec.scale_dtype == "ue8m0":
         _, e = torch.frexp(scale)          # scale = 0.5 * 2**e exactly (a power of two)
         biased = e.long() - 1 + 127
-        if bool(((biased < 0) | (biased > 254)).any()):
+        if check and bool(((biased < 0) | (biased > 254)).any()):
             raise ValueError("scale outside the ue8m0 range 2**-127 .. 2**127")
         return biased.to(torch.uint8)
     return scale.contiguous().view(torch.uint8).reshape(scale.shape[0], -1)
@@ -172,7 +173,8 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
 
     Raises:
         ValueError: ``kv_scales`` missing for a separate spec or given for another; a ue8m0
-            scale outside ``2**-127 .. 2**127`` (e.g. from an inf key).
+            scale outside ``2**-127 .. 2**127`` (e.g. from an inf key), on CPU tensors (not
+            checked on CUDA, where the check would synchronize the host).
         IndexError: a slot outside ``kv_cache`` (negative, or past its end) on CPU tensors
             (on CUDA a slot past the end fails with a device-side assert and a negative one is
             not checked).
@@ -180,9 +182,10 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
     flat = kv_cache.view(-1)
     sflat = _scale_tensor(spec, kv_cache, kv_scales).view(-1)
     kq, scale = quantize(k, spec)
-    # (no negative-slot check on CUDA: it would synchronize the host in dsagen bench's timed
-    # fallback store)
-    key_off, scale_off = _offsets(spec, loc.to(kv_cache.device), check=kv_cache.device.type == "cpu")
+    # (no negative-slot or ue8m0-range check on CUDA: each would synchronize the host in dsagen
+    # bench's timed fallback store)
+    on_cpu = kv_cache.device.type == "cpu"
+    key_off, scale_off = _offsets(spec, loc.to(kv_cache.device), check=on_cpu)
     kb = spec.key_bytes_per_token
     idx = key_off[:, None] + torch.arange(kb, device=flat.device)
     flat[idx.reshape(-1)] = _key_bytes(kq, spec).reshape(-1).to(flat.device)
@@ -190,16 +193,16 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
         sb = spec.scale_bytes_per_token
         scale_off = scale_off.to(sflat.device)
         idx = scale_off[:, None] + torch.arange(sb, device=sflat.device)
-        sflat[idx.reshape(-1)] = _scale_bytes(scale, spec).reshape(-1).to(sflat.device)
+        sflat[idx.reshape(-1)] = _scale_bytes(scale, spec, check=on_cpu).reshape(-1).to(sflat.device)
 
 
-def read_key_bytes(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec) -> torch.Tensor:
+def read_key_bytes(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec, *, _check: bool = True) -> torch.Tensor:
     """Stored key bytes of some slots: uint8 ``[n, key_bytes_per_token]`` on ``kv_cache``'s
     device. ``slots``: integer ``[n]`` slot ids (``page * page_size + offset``). Raises
     IndexError for a negative slot, and for one past ``kv_cache``'s end on CPU tensors (CUDA
     indexing fails with a device-side assert instead)."""
     flat = kv_cache.reshape(-1)
-    key_off, _ = _offsets(spec, slots.to(flat.device))
+    key_off, _ = _offsets(spec, slots.to(flat.device), check=_check)
     return flat[key_off[:, None] + torch.arange(spec.key_bytes_per_token, device=flat.device)]
 
 
@@ -216,7 +219,7 @@ def key_storage(kq: torch.Tensor, scale: torch.Tensor | None, spec: Spec):
 
 
 def read_scales(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
-                kv_scales: torch.Tensor | None = None) -> torch.Tensor | None:
+                kv_scales: torch.Tensor | None = None, *, _check: bool = True) -> torch.Tensor | None:
     """Stored scales of some slots: float32 ``[n, scales_per_token]``, or None (unscaled layout).
     ``slots``: integer ``[n]`` slot ids. ``kv_scales``: the scale tensor of a ``separate`` spec,
     None otherwise. ue8m0 bytes ``e`` decode to ``2**(e - 127)``.
@@ -229,7 +232,7 @@ def read_scales(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
     flat = _scale_tensor(spec, kv_cache, kv_scales).reshape(-1)
     if not spec.quantized:
         return None
-    _, scale_off = _offsets(spec, slots.to(flat.device))
+    _, scale_off = _offsets(spec, slots.to(flat.device), check=_check)
     sraw = flat[scale_off[:, None] + torch.arange(spec.scale_bytes_per_token, device=flat.device)]
     if spec.scale_dtype == "ue8m0":
         return torch.ldexp(torch.ones_like(sraw, dtype=torch.float32), sraw.long() - 127)
@@ -237,23 +240,24 @@ def read_scales(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
 
 
 def read_tokens(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
-                kv_scales: torch.Tensor | None = None):
+                kv_scales: torch.Tensor | None = None, *, _check: bool = True):
     """Raw stored values of some slots: ``(k_q [n, head_dim]``, ``scale [n, scales_per_token]``
     float32 or None). ``k_q`` is in the key dtype (e2m1: float32 grid values, exact).
     ``slots``: integer ``[n]`` slot ids. ``kv_scales``: the scale tensor of a ``separate`` spec,
     None otherwise. Raises as :func:`read_scales` (ValueError, IndexError)."""
-    raw = read_key_bytes(kv_cache, slots, spec)
+    raw = read_key_bytes(kv_cache, slots, spec, _check=_check)
     kq = _e2m1_unpack(raw) if spec.key.name == "e2m1" else raw.view(spec.key.torch_dtype)
-    return kq, read_scales(kv_cache, slots, spec, kv_scales)
+    return kq, read_scales(kv_cache, slots, spec, kv_scales, _check=_check)
 
 
 def dequantize(kv_cache: torch.Tensor, slots: torch.Tensor, spec: Spec,
-               dtype: torch.dtype = torch.float32, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+               dtype: torch.dtype = torch.float32, kv_scales: torch.Tensor | None = None, *,
+               _check: bool = True) -> torch.Tensor:
     """Keys of some slots as ``[n, head_dim]`` ``dtype`` (stored value times its scale, per
     block of ``scale.block`` elements). ``slots``: integer ``[n]`` slot ids. ``kv_scales``: the
     scale tensor of a ``separate`` spec, None otherwise. Raises as :func:`read_scales`
     (ValueError, IndexError)."""
-    kq, sc = read_tokens(kv_cache, slots, spec, kv_scales)
+    kq, sc = read_tokens(kv_cache, slots, spec, kv_scales, _check=_check)
     k = kq.to(dtype)
     if sc is not None:
         k = (k.view(k.shape[0], spec.scales_per_token, spec.scale_block) * sc.to(dtype)[..., None])
@@ -473,12 +477,15 @@ def fallback_paged_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     pages = kv_cache[ids]                                           # [B, P, page_bytes]
     spages = home[ids] if spec.separate_scales else pages
     o = torch.arange(ps, device=q.device)
-    key_in_page, scale_in_page = _offsets(spec, o)                  # the slots of page 0
+    # (the slots below are aranges, never negative: no check, which would synchronize the host
+    # inside dsagen bench's timed fallback)
+    key_in_page, scale_in_page = _offsets(spec, o, check=False)     # the slots of page 0
     if spec.key.name == "e2m1" or spec.scale_dtype == "ue8m0":
         # no torch dtype views these bytes: decode through the reference's reader
         slots = (torch.arange(B * P, device=q.device)[:, None] * ps + o).reshape(-1)
         k = dequantize(pages.reshape(B * P, pages.shape[-1]), slots, spec,
-                       kv_scales=spages.reshape(B * P, spages.shape[-1]) if spec.separate_scales else None)
+                       kv_scales=spages.reshape(B * P, spages.shape[-1]) if spec.separate_scales else None,
+                       _check=False)
         keys = k.to(torch.bfloat16).view(B, P, ps, D)
     else:
         kidx = key_in_page[:, None] + torch.arange(spec.key_bytes_per_token, device=q.device)

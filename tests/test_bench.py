@@ -60,6 +60,9 @@ def test_default_shapes():
     assert [s.N for s in page1 if s.op == "store"] == [1, 128, 16384, 65536]
     only1 = Bn.default_shapes(FP8.with_(next_n=[1]))
     assert all(s.next_n in (None, 1) for s in only1)
+    # a spec with neither next_n 1 nor 2 is timed at its smallest next_n (not left without rows)
+    only34 = [s for s in Bn.default_shapes(FP8.with_(next_n=[3, 4])) if s.op == "paged_logits"]
+    assert len(only34) == 2 * 3 + 1 and {s.next_n for s in only34} == {3}
     quick = Bn.default_shapes(FP8, quick=True)
     assert [(s.op, s.B, s.next_n, s.ctx, s.N) for s in quick] == [
         ("paged_logits", 32, 1, 8192, None), ("store", None, None, None, 128),
@@ -185,6 +188,23 @@ def test_bench_settles_before_each_row(monkeypatch):
         assert all(r["error"] is None for r in rows) and slept == want
 
 
+def test_store_rows_catch_a_store_that_differs_between_runs(gen):
+    # a store whose bytes change from one run to the next (as a race would make them) is
+    # reported as not bitwise reproducible; a store that writes the same wrong bytes each time
+    # is deterministic (correctness is dsagen verify's job, not the bench's)
+    class Racy(RefOps):
+        def store(self, k, kv_cache, loc, kv_scales=None):
+            super().store(k, kv_cache, loc, kv_scales)
+            kv_cache.view(-1)[int(loc[0]) * self.spec.layout.key_token_stride] ^= int(
+                torch.randint(1, 256, (1,), generator=gen))
+
+    b = Bn.Bench("cpu", Bn.HostTimer(), copy_GBps=100.0, runs=3, warmup=1, fallback_runs=2,
+                 reruns=3, l2_target=1, max_sets=4, log=lambda s: None, settle_s=0)
+    for shape in (Bn.Shape("store", N=5), Bn.Shape("store", N=70, slots="pages")):
+        assert b.bench(Racy(FP8), FP8, shape)["bitwise_20_reruns"] is False
+        assert b.bench(RefOps(FP8), FP8, shape)["bitwise_20_reruns"] is True
+
+
 def test_bench_rows_cpu():
     """The whole row pipeline with a host timer and reference ops on tiny shapes."""
     logs = []
@@ -209,7 +229,7 @@ def test_bench_rows_cpu():
         else:
             assert r["bytes"] == Bn.store_bytes(spec, r["N"])
             assert r["slots"] == ("pages" if r["N"] == 70 else "random")
-            assert r["bitwise_20_reruns"] is None
+            assert r["bitwise_20_reruns"] is True
         assert r["GBps"] == pytest.approx(r["bytes"] / r["us"] / 1e3, rel=0.01, abs=0.1)
         # copy bandwidth 100 GB/s: the percentage equals the GB/s figure
         assert r["pct_copy_bw"] == pytest.approx(r["bytes"] / r["us"] / 1e3, rel=0.01, abs=0.01)
@@ -234,11 +254,11 @@ def test_table_formatting():
     rows = [
         {"op": "meta", "card": "x"},
         {"spec": "fp8_e4m3_page64", "op": "paged_logits", "B": 128, "next_n": 2, "ctx": "mixed",
-         "N": None, "us": 512.345, "GBps": 3800.2, "pct_copy_bw": 90.48, "fallback_us": 12345.6,
+         "N": None, "us": 512.345, "bytes": 1946628096, "GBps": 3800.2, "pct_copy_bw": 90.48, "fallback_us": 12345.6,
          "speedup_vs_fallback": 24.1, "deepgemm_us": 600.0, "deepgemm_pct_copy_bw": 77.2,
          "speedup_vs_deepgemm": 1.17, "speedup_vs_deepgemm_paired": 1.093, "bitwise_20_reruns": True},
         {"spec": "bf16_page64", "op": "store", "B": None, "next_n": None, "ctx": None, "N": 65536,
-         "us": 9.87, "GBps": 1200.0, "pct_copy_bw": 28.6, "fallback_us": None,
+         "us": 9.87, "bytes": 660, "GBps": 1200.0, "pct_copy_bw": 28.6, "fallback_us": None,
          "speedup_vs_fallback": None, "deepgemm_us": None, "bitwise_20_reruns": None},
         {"spec": "bf16_page64", "op": "paged_logits", "B": 32, "next_n": 1, "ctx": 8192,
          "bitwise_20_reruns": False, "error": "RuntimeError: boom"},
@@ -246,14 +266,14 @@ def test_table_formatting():
     ]
     head = Bn.format_header()
     lines = [Bn.format_row(r) for r in rows[1:]]
-    assert head.split() == ["spec", "op", "B", "nn", "ctx/N", "us", "GB/s", "%copy", "us_sched", "%copy_s",
+    assert head.split() == ["spec", "op", "B", "nn", "ctx/N", "us", "MB", "GB/s", "%copy", "us_sched", "%copy_s",
                             "fallback_us", "x_fb", "deepgemm_us", "dg%copy", "x_dg", "x_dg_s", "x_dg_u",
                             "x_dg_p", "bitwise", "TF/s", "%mm"]
     assert len(lines[0]) == len(head)                       # aligned columns
     assert lines[0].split() == ["fp8_e4m3_page64", "paged_logits", "128", "2", "mixed", "512.3",
-                                "3800", "90.5", "-", "-", "12345.6", "24.1", "600.0", "77.2", "1.17", "-",
+                                "1947", "3800", "90.5", "-", "-", "12345.6", "24.1", "600.0", "77.2", "1.17", "-",
                                 "-", "1.09", "yes", "-", "-"]
-    assert lines[1].split()[:8] == ["bf16_page64", "store", "-", "-", "65536", "9.9", "1200", "28.6"]
+    assert lines[1].split()[:9] == ["bf16_page64", "store", "-", "-", "65536", "9.9", "0.00066", "1200", "28.6"]
     assert lines[1].split()[-1] == "-"
     assert lines[2].endswith("ERROR: RuntimeError: boom") and " NO " in lines[2]
     assert lines[3].split()[4] == "65536p"                  # a prefill's slots

@@ -51,6 +51,36 @@ def _inputs(spec, lens, next_n, gen, two_d=False):
     return q, cache, w, cl.cuda(), bt
 
 
+def test_timed_fallbacks_do_not_synchronize(dsagen_spec, gen):
+    """The PyTorch fallbacks that ``dsagen bench`` times after a launch-hiding GPU spin
+    (``reference.store``, ``reference.fallback_paged_logits``) never synchronize the host on
+    CUDA tensors: a sync would uncover their launches and inflate the quoted speed-ups."""
+    spec = dsagen_spec
+    cache, bt, sc = make_cache(spec, [300, 77], gen, "cuda")
+    q = random_q(spec, 2, 2, gen, "cuda")
+    w = torch.randn(4, spec.num_heads, generator=gen).cuda()
+    cl = torch.tensor([300, 77], dtype=torch.int32).cuda()
+    n = 128
+    k = random_keys(n, spec.head_dim, gen, "cuda")
+    loc = torch.randperm(cache.shape[0] * spec.page_size, generator=gen)[:n].cuda()
+    ref_cache, ref_sc = cache.cpu(), None if sc is None else sc.cpu()       # copies, before the store
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        R.store(k, cache, loc, spec, kv_scales=sc)
+        out = R.fallback_paged_logits(q, cache, w, cl, bt, 300, spec, kv_scales=sc)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    # the same bytes as the CPU store, and the fallback's logits as the float64 reference's
+    R.store(k.cpu(), ref_cache, loc.cpu(), spec, kv_scales=ref_sc)
+    assert torch.equal(cache.cpu(), ref_cache) and (sc is None or torch.equal(sc.cpu(), ref_sc))
+    ref = R.paged_logits(q.cpu(), ref_cache, w.cpu(), cl.cpu(), bt.cpu(), 300, True, spec,
+                         compute_dtype=torch.float64, kv_scales=ref_sc)
+    assert torch.equal(torch.isneginf(out.cpu()), torch.isneginf(ref))
+    v = torch.isfinite(ref)
+    assert bool(v.any()) and rel_err(out.cpu()[v], ref[v]) < 2e-2      # keys rounded to bf16 on the way
+
+
 def test_verify_cuda(dsagen_spec, any_cuda_ops, seed, repro):
     """The verification sweep on CUDA passes; where the TMA kernel's L2 evict-first hint covers
     only calls with small logits (tuning ``kv_evict_first`` a fraction of the L2), the sweep also
