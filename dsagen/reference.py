@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 from . import dtypes
-from .dtypes import E2M1_VALUES
 from .spec import Spec
 
 __all__ = [
@@ -76,9 +75,11 @@ def _e2m1_codes(x: torch.Tensor) -> torch.Tensor:
 
 
 def _e2m1_values(code: torch.Tensor) -> torch.Tensor:
-    """float32 values of uint8 E2M1 codes."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=code.device)
-    v = table[(code & 7).long()]
+    """float32 values of uint8 E2M1 codes (``dtypes.E2M1_VALUES`` by magnitude code: ``c/2`` below 2,
+    else ``2**((c>>1)-1) * (1 + (c&1)/2)``). Computed rather than looked up: a table built from
+    a Python list on a CUDA device is a host-to-device copy, which synchronizes the host."""
+    c = (code & 7).to(torch.int32)
+    v = torch.where(c < 2, c.float() * 0.5, torch.ldexp(1.0 + (c & 1).float() * 0.5, (c >> 1) - 1))
     return torch.where((code & 8) != 0, -v, v)
 
 
@@ -112,7 +113,10 @@ def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | 
     a = x.abs()
     # NaN elements do not raise the scale (the kernels' fmaxf / std::max skip them)
     amax = torch.where(torch.isnan(a), torch.zeros_like(a), a).amax(-1).clamp(min=dtypes.AMAX_FLOOR)
-    scale = amax / kd.max_value
+    # (divided by a tensor on amax's device: PyTorch's CUDA division by a Python number
+    # multiplies by its float32 reciprocal, which is not the correctly rounded quotient of
+    # the CPU, the kernels and this docstring)
+    scale = amax / amax.new_full((), kd.max_value)
     if spec.scale_rounding == "pow2":
         scale = _pow2_ceil(scale)
     y = x / scale[..., None]

@@ -442,6 +442,33 @@ def test_verify_small_pages(page_size, seed):
 
 # ---- FP4 (e2m1) and ue8m0 --------------------------------------------------------------------
 
+def test_e2m1_values_of_every_code():
+    # the computed decode equals the grid written out here, signed zero included
+    got = R._e2m1_values(torch.arange(16, dtype=torch.uint8))
+    want = torch.tensor(_FP4 + [-v for v in _FP4])
+    assert torch.equal(got, want) and torch.equal(torch.signbit(got), torch.signbit(want))
+
+
+def test_quantize_divides_by_a_tensor_on_the_keys_device(gen, monkeypatch):
+    # PyTorch's CUDA division by a Python number multiplies by a float32 reciprocal (not the
+    # correctly rounded quotient), so the scale must be divided by a tensor: check that the
+    # division quantize makes has a tensor divisor on the keys' device
+    spec = SMALL_SPECS["e4m3_page_tail"]
+    k = torch.randn(5, 32, generator=gen)
+    seen = []
+    orig = torch.Tensor.__truediv__
+
+    def spy(self, other):
+        seen.append(other)
+        return orig(self, other)
+    monkeypatch.setattr(torch.Tensor, "__truediv__", spy)
+    _, scale = R.quantize(k, spec)
+    monkeypatch.undo()
+    assert seen and all(isinstance(o, torch.Tensor) and o.device == k.device for o in seen)
+    amax = k.abs().amax(-1, keepdim=True).clamp(min=1e-4)
+    assert torch.equal(scale, amax / 448.0)        # on the CPU the two divisions agree
+
+
 def test_e2m1_rounding_by_hand():
     spec = SMALL_SPECS["e2m1_ue8m0_block16"]
     # one token: block 0 has amax 7 -> scale 2**ceil(log2(7/6)) = 2; block 1 amax 6 -> scale 1
