@@ -88,7 +88,7 @@ COPY_BYTES = 2 << 30              # copy-bandwidth probe: 2 GiB read + 2 GiB wri
 MIXED_B = 128
 MIXED_MAX_CTX = 65536
 MIXED_SEED = 1234
-RERUNS = 20                       # bitwise determinism reruns per paged_logits row
+RERUNS = 20                       # bitwise determinism reruns per row (every op)
 PAIRED_ROUNDS = 6                 # order-balanced rounds of the paired dsagen / DeepGEMM timing
 SETTLE_S = 2.0                    # the GPU idles this long before each row (env DSAGEN_BENCH_SETTLE)
 SPIN_MIN_US = 30.0                # the spin before each timed call lasts at least this long
@@ -735,7 +735,7 @@ class Bench:
         timer: a :class:`CudaTimer` or :class:`HostTimer`.
         copy_GBps: the copy bandwidth of this run (GB/s, read + written) for ``pct_copy_bw``.
         runs / warmup: timed / untimed calls per kernel; fallback_runs for the PyTorch fallback.
-        reruns: bitwise-determinism reruns of paged_logits.
+        reruns: bitwise-determinism reruns of each row's op (a store: of one input set's cache bytes).
         l2_target / max_sets: the rotated input sets total at least ``l2_target`` bytes, using
             at most ``max_sets`` sets (then an L2 scrub is added on CUDA).
         seed: seed of the random inputs.

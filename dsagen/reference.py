@@ -101,8 +101,8 @@ def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | 
         (max = 448 for e4m3, 6 for e2m1); ``pow2`` rounding (always for ue8m0 scales):
         ``2**ceil(log2(scale))``, DeepSeek V3.2's ue8m0 format; ``k_q = key_dtype(k / scale)``
         (round to nearest even, saturating). NaN elements are ignored by ``amax``; stored bytes
-        are specified for finite keys (an inf element makes the block's scale inf; the ue8m0
-        encoding of :func:`store` refuses it).
+        are specified for finite keys (an inf element makes the block's scale inf, or 1.0 with
+        ``pow2`` rounding, which ue8m0 scales always have).
     Raises:
         nothing of its own: the ue8m0 range check (``2**-127 .. 2**127``) is :func:`store`'s.
     """
@@ -177,7 +177,7 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
 
     Raises:
         ValueError: ``kv_scales`` missing for a separate spec or given for another; a ue8m0
-            scale outside ``2**-127 .. 2**127`` (e.g. from an inf key), on CPU tensors (not
+            scale outside ``2**-127 .. 2**127`` (unreachable from finite keys), on CPU tensors (not
             checked on CUDA, where the check would synchronize the host).
         IndexError: a slot outside ``kv_cache`` (negative, or past its end) on CPU tensors
             (on CUDA a slot past the end fails with a device-side assert and a negative one is

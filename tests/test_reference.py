@@ -203,12 +203,19 @@ def test_paged_logits_vs_triple_loop(name, ctx, next_n, two_d, gen, repro):
     assert rel_err(got32[valid], want[valid]) < 1e-5, repro
 
 
-@pytest.mark.parametrize("name", ["e4m3_page_tail", "e4m3_separate_padded", "e2m1_ue8m0_block16_separate"])
-def test_fallback_matches_reference(name, gen, repro):
-    spec = SMALL_SPECS[name]
+def two_requests(spec: Spec, gen: torch.Generator):
+    """Random paged-logits inputs of a small spec: requests of 13 and 6 keys, next_n 2.
+    Returns ``(q, cache, w, bt, sc)``."""
     cache, bt, sc = make_cache(spec, [13, 6], gen, "cpu")
     q = torch.randn(2, 2, 8, 32, generator=gen).mul(4).to(spec.query.torch_dtype)
     w = torch.randn(4, 8, generator=gen)
+    return q, cache, w, bt, sc
+
+
+@pytest.mark.parametrize("name", ["e4m3_page_tail", "e4m3_separate_padded", "e2m1_ue8m0_block16_separate"])
+def test_fallback_matches_reference(name, gen, repro):
+    spec = SMALL_SPECS[name]
+    q, cache, w, bt, sc = two_requests(spec, gen)
     cl = torch.tensor([13, 6], dtype=torch.int32)
     ref = R.paged_logits(q, cache, w, cl, bt, 13, True, spec, compute_dtype=torch.float64, kv_scales=sc)
     fb = R.fallback_paged_logits(q, cache, w, cl, bt, 13, spec, kv_scales=sc)
@@ -224,9 +231,7 @@ def test_fallback_reads_no_tensor_value_on_the_host(name, gen, monkeypatch):
     # them, inflating the fallback time and the speed-up quoted over it. On the CPU, the same
     # code path: count such reads.
     spec = SMALL_SPECS[name]
-    cache, bt, sc = make_cache(spec, [13, 6], gen, "cpu")
-    q = torch.randn(2, 2, 8, 32, generator=gen).mul(4).to(spec.query.torch_dtype)
-    w = torch.randn(4, 8, generator=gen)
+    q, cache, w, bt, sc = two_requests(spec, gen)
     cl = torch.tensor([13, 6], dtype=torch.int32)
     reads = []
     for attr in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist"):
@@ -246,9 +251,7 @@ def test_fallback_reads_no_tensor_value_on_the_host(name, gen, monkeypatch):
 def test_no_logits_at_max_context_len_0(name, gen):
     # max_context_len 0 (no request has a key yet) is an empty result, as from the ops
     spec = SMALL_SPECS[name]
-    cache, bt, sc = make_cache(spec, [13, 6], gen, "cpu")
-    q = torch.randn(2, 2, 8, 32, generator=gen).mul(4).to(spec.query.torch_dtype)
-    w = torch.randn(4, 8, generator=gen)
+    q, cache, w, bt, sc = two_requests(spec, gen)
     cl = torch.tensor([0, 0], dtype=torch.int32)
     assert R.valid_mask(cl, 2, 0).shape == (4, 0)
     assert R.valid_mask(torch.tensor([[0, 0], [0, 0]], dtype=torch.int32), 2, 0).shape == (4, 0)
