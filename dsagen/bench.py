@@ -761,6 +761,17 @@ class Bench:
         self._scrub: torch.Tensor | None = None
 
     # ---- helpers ---------------------------------------------------------------------------
+    def _same_bits(self, call):
+        """``(same, first)``: whether ``call()`` (returning a tensor, or a list of tensors) gives
+        the same bits on ``reruns`` more calls as on its first (no races), and the first call's
+        result, which also warmed the op up."""
+        def listed(r):
+            return r if isinstance(r, list) else [r]
+        first = call()
+        same = all(all(torch.equal(a, b) for a, b in zip(listed(call()), listed(first)))
+                   for _ in range(self.reruns))
+        return same, first
+
     def _scrub_buffer(self, total_bytes: int) -> torch.Tensor | None:
         if self.device.type != "cuda" or total_bytes >= self.l2_target:
             return None
@@ -873,12 +884,7 @@ class Bench:
             return ops.paged_logits(*args[k], max_len, True, **skw[k])
 
         # bitwise determinism on set 0, and a first call before timing
-        first = kernel(0)
-        same = True
-        for _ in range(self.reruns):
-            if not torch.equal(kernel(0), first):
-                same = False
-        row["bitwise_20_reruns"] = bool(same)
+        row["bitwise_20_reruns"], first = self._same_bits(lambda: kernel(0))
 
         t = self.timer.time(kernel, n, self.runs, self.warmup, scrub)
         self._fill_timing(row, t, nbytes)
@@ -1009,9 +1015,7 @@ class Bench:
         def kernel(_):
             return ops.ragged_logits(q, k, sc, w, ks, ke, True)
 
-        first = kernel(0)
-        row["bitwise_20_reruns"] = all(torch.equal(kernel(0), first) for _ in range(self.reruns))
-        del first
+        row["bitwise_20_reruns"] = self._same_bits(lambda: kernel(0))[0]
         t = self.timer.time(kernel, 1, self.runs, self.warmup, None)
         nbytes = N * spec.bytes_per_token + S * H * (D * spec.query.bits // 8 + 4) + S * N * 4
         self._fill_timing(row, t, nbytes)
@@ -1043,17 +1047,16 @@ class Bench:
 
         # no races: the same bytes everywhere in the cache (and scales) each time set 0 is
         # stored again from the same starting bytes
-        start = [sets[0][key].clone() for key in ("kv_cache", "kv_scales") if sets[0][key] is not None]
+        out = [sets[0][key] for key in ("kv_cache", "kv_scales") if sets[0][key] is not None]
+        start = [t.clone() for t in out]
 
         def stored():
-            for key, b in zip(("kv_cache", "kv_scales"), start):
-                sets[0][key].copy_(b)
+            for t, b in zip(out, start):
+                t.copy_(b)
             kernel(0)
-            return [sets[0][key].clone() for key in ("kv_cache", "kv_scales") if sets[0][key] is not None]
-        first = stored()
-        row["bitwise_20_reruns"] = all(all(torch.equal(a, b) for a, b in zip(stored(), first))
-                                       for _ in range(self.reruns))
-        del first, start
+            return [t.clone() for t in out]
+        row["bitwise_20_reruns"] = self._same_bits(stored)[0]
+        del out, start
         t = self.timer.time(kernel, n, self.runs, self.warmup, scrub)
         self._fill_timing(row, t, store_bytes(spec, N))
 
