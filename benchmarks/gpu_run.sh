@@ -6,7 +6,7 @@
 #   and for abdg, or dgbench with DG_PATH=benchmarks/dg_harness: pip download --no-deps sgl-kernel==0.3.21 -d /tmp/sk &&
 #   unzip /tmp/sk/sgl_kernel-*.whl 'deep_gemm/include/*' -d .whl/dg
 #   steps: dgbench (DG_DIR, DG_PATH, DG_SPECS, BENCH_TIMEOUT) abdg (AB_SHAPES, AB_ROUNDS, AB_TIMEOUT) precompile compile (SPECS, default all; COMPILE_ARGS) variants (VARIANT_SPECS) tests gputests quick bench benchall
-#          orderprobe (DG_PATH, PROBE_TIMEOUT) doctor startup compat recall launchprobe storeprobe (PROBE_N, PROBE_TIMEOUT) storetime (STORE_SPECS, STORE_TUNINGS: quoted JSON tunings) dataprobe (PROBE_SHAPES) powerprobe (POWER_SHAPE) timeline (TIMELINE_SHAPES) mma (MMA_SPECS, MMA_TUNINGS, MMA_TEST_TIMEOUT, MMA_TIMEOUT) treeab (TREE_REV, TREE_SPECS, TREE_TIMEOUT); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT; TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
+#          orderprobe (DG_PATH, PROBE_TIMEOUT) doctor startup compat recall launchprobe storeprobe (PROBE_N, PROBE_TIMEOUT) storetime (STORE_SPECS, STORE_TUNINGS: quoted JSON tunings) dataprobe (PROBE_SHAPES) powerprobe (POWER_SHAPE) timeline (TIMELINE_SHAPES) mma (MMA_SPECS, MMA_TUNINGS, MMA_TEST_TIMEOUT, MMA_TIMEOUT) treeab (TREE_REV, TREE_SPECS, TREE_TIMEOUT); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT / GPUTEST_RANGE (a sed range of the collected tests, e.g. 1,90); TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CXX=/usr/bin/g++ DSAGEN_CACHE_DIR=/tmp/dsagen-cache
@@ -45,7 +45,14 @@ for s in $steps; do
     recall) timeout ${RECALL_TIMEOUT:-400} python3 -m dsagen.cli recall specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml \
               --device cuda --out $OUT/recall 2>&1 | tee $OUT/recall.log ;;
     tests) python3 -m pytest -q tests 2>&1 | tee $OUT/tests.log ;;
-    gputests) eval timeout ${GPUTEST_TIMEOUT:-550} python3 -m pytest -q -rs -m gpu ${GPUTEST_ARGS:-tests/} 2>&1 | tee $OUT/tests_gpu.log ;;
+    gputests) if [ -n "${GPUTEST_RANGE:-}" ]; then
+        # a slice of the collected GPU tests (sed addresses, e.g. 1,90 then 91,$), for a suite
+        # that a fresh machine's builds make longer than one call; the ids go to $OUT/gpu_test_ids.txt
+        python3 -m pytest -q -m gpu --collect-only ${GPUTEST_ARGS:-tests/} 2>/dev/null | grep '::' > $OUT/gpu_test_ids.txt
+        echo "GPU tests $GPUTEST_RANGE of $(wc -l < $OUT/gpu_test_ids.txt)" | tee $OUT/tests_gpu.log
+        sed -n "${GPUTEST_RANGE}p" $OUT/gpu_test_ids.txt | tr '\n' '\0' \
+          | xargs -0 -r timeout ${GPUTEST_TIMEOUT:-550} python3 -m pytest -q -rs -p no:cacheprovider 2>&1 | tee -a $OUT/tests_gpu.log
+      else eval timeout ${GPUTEST_TIMEOUT:-550} python3 -m pytest -q -rs -m gpu ${GPUTEST_ARGS:-tests/} 2>&1 | tee $OUT/tests_gpu.log; fi ;;
     overhead) (cd benchmarks && eval python3 overhead.py ../specs/fp8_e4m3_page64.yaml ${OVERHEAD_TUNINGS:-}) 2>&1 | tee $OUT/overhead.log ;;
     gpustore) python3 -m pytest -q -rs -m gpu tests/ -k "store" 2>&1 | tee $OUT/tests_gpu_store.log ;;
     storeprobe) (cd benchmarks && timeout ${PROBE_TIMEOUT:-200} python3 store_probe.py ${PROBE_N:-}) 2>&1 | tee $OUT/store_probe.log ;;
