@@ -48,7 +48,7 @@ for s in $steps; do
     gputests) if [ -n "${GPUTEST_RANGE:-}" ]; then
         # a slice of the collected GPU tests (sed addresses, e.g. 1,90 then 91,$), for a suite
         # that a fresh machine's builds make longer than one call; the ids go to $OUT/gpu_test_ids.txt
-        python3 -m pytest -q -m gpu --collect-only ${GPUTEST_ARGS:-tests/} 2>/dev/null | grep '::' > $OUT/gpu_test_ids.txt
+        eval python3 -m pytest -q -m gpu --collect-only ${GPUTEST_ARGS:-tests/} 2>/dev/null | grep '::' > $OUT/gpu_test_ids.txt
         echo "GPU tests $GPUTEST_RANGE of $(wc -l < $OUT/gpu_test_ids.txt)" | tee $OUT/tests_gpu.log
         sed -n "${GPUTEST_RANGE}p" $OUT/gpu_test_ids.txt | tr '\n' '\0' \
           | xargs -0 -r timeout ${GPUTEST_TIMEOUT:-550} python3 -m pytest -q -rs -p no:cacheprovider 2>&1 | tee -a $OUT/tests_gpu.log
