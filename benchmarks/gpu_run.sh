@@ -6,7 +6,7 @@
 #   and for abdg, or dgbench with DG_PATH=benchmarks/dg_harness: pip download --no-deps sgl-kernel==0.3.21 -d /tmp/sk &&
 #   unzip /tmp/sk/sgl_kernel-*.whl 'deep_gemm/include/*' -d .whl/dg
 #   steps: dgbench (DG_DIR, DG_PATH, DG_SPECS, BENCH_TIMEOUT) abdg (AB_SHAPES, AB_ROUNDS, AB_TIMEOUT) precompile compile (SPECS, default all; COMPILE_ARGS) variants (VARIANT_SPECS) tests gputests quick bench benchall
-#          orderprobe (DG_PATH, PROBE_TIMEOUT) doctor startup compat recall launchprobe storeprobe (PROBE_N, PROBE_TIMEOUT) storetime (STORE_SPECS, STORE_TUNINGS: quoted JSON tunings) dataprobe (PROBE_SHAPES) powerprobe (POWER_SHAPE) timeline (TIMELINE_SHAPES) mma (MMA_SPECS, MMA_TUNINGS, MMA_TEST_TIMEOUT, MMA_TIMEOUT) treeab (TREE_REV, TREE_SPECS, TREE_TIMEOUT); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT / GPUTEST_RANGE (a sed range of the collected tests, e.g. 1,90); TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
+#          orderprobe (DG_PATH, PROBE_TIMEOUT) graphprobe (DG_PATH, PROBE_ROUNDS, PROBE_SHAPES, PROBE_NEXT_N) doctor startup compat recall launchprobe storeprobe (PROBE_N, PROBE_TIMEOUT) storetime (STORE_SPECS, STORE_TUNINGS: quoted JSON tunings) dataprobe (PROBE_SHAPES) powerprobe (POWER_SHAPE) timeline (TIMELINE_SHAPES) mma (MMA_SPECS, MMA_TUNINGS, MMA_TEST_TIMEOUT, MMA_TIMEOUT) treeab (TREE_REV, TREE_SPECS, TREE_TIMEOUT); gputests takes GPUTEST_ARGS / GPUTEST_TIMEOUT / GPUTEST_RANGE (a sed range of the collected tests, e.g. 1,90); TUNE_FP8 / TUNE_BF16: quoted JSON tunings for benchmarks/tune.py
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CXX=/usr/bin/g++ DSAGEN_CACHE_DIR=/tmp/dsagen-cache
@@ -101,6 +101,9 @@ print(dg.__file__, dg.get_num_sms(), tuple(dg.get_paged_mqa_logits_metadata(cl, 
           ORDER=$o DSAGEN_BENCH_SETTLE=$st timeout ${PROBE_TIMEOUT:-200} python3 benchmarks/order_probe.py $OUT/order_${o}_settle$st.json 2>&1 \
             | grep -E "^warmup|^32 |^128 " | tee $OUT/order_${o}_settle$st.log
         done; done ) ;;
+    graphprobe) # benchmarks/graph_probe.py: spin-hidden eager launch against CUDA-graph replay, per kernel
+      ( dg_env ${DG_PATH:-benchmarks/dg_harness}
+        timeout ${PROBE_TIMEOUT:-300} python3 benchmarks/graph_probe.py ${PROBE_ROUNDS:-4} 2>&1 | tee $OUT/graph_probe.log ) ;;
     bench) DSAGEN_BENCH_PARTIAL=$OUT/${CARD}_partial.json python3 -m dsagen.cli bench specs/fp8_e4m3_page64.yaml specs/bf16_page64.yaml --json $OUT/${CARD}.json 2>&1 | tee $OUT/bench.log ;;
   esac
 done
