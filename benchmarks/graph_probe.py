@@ -7,8 +7,13 @@ dsagen's scheduled paged-logits call, the same without a schedule, and DeepGEMM'
 ``fp8_paged_mqa_logits`` (when ``import deep_gemm`` works), each by ``dsagen.bench.CudaTimer``
 "spin" and "graph", on the bench's input sets (rotated over more than the L2).
 
+With PROBE_SEQ (a comma list of name:method, e.g. "empty:spin,dsagen_sched:spin,dsagen_sched:spin")
+it runs that sequence of series ROUNDS times instead and prints every series' median, to see what a
+series' time depends on (the series before it). "dsagen_noevict" is the scheduled call of a build
+with tuning ``{"kv_evict_first": false}`` (key copies without the L2 evict-first hint).
+
 Usage (on the GPU machine): python3 benchmarks/graph_probe.py [ROUNDS]
-Environment: PROBE_SHAPES="32x8192" (BxCTX, comma list), PROBE_NEXT_N="1,2".
+Environment: PROBE_SHAPES="32x8192" (BxCTX, comma list), PROBE_NEXT_N="1,2", PROBE_SEQ.
 """
 import os
 import statistics
@@ -24,6 +29,8 @@ def main(rounds: int) -> None:
     dev = torch.device("cuda")
     spec = dsagen.load_spec(os.path.join(os.path.dirname(__file__), "..", "specs", "fp8_e4m3_page64.yaml"))
     ops = dsagen.load(spec)
+    seq = [tuple(x.split(":")) for x in os.environ.get("PROBE_SEQ", "").split(",") if x]
+    noevict = dsagen.load(spec, tuning={"kv_evict_first": False}) if any(n == "dsagen_noevict" for n, _ in seq) else None
     try:
         import deep_gemm as dg
     except Exception as e:  # noqa: BLE001
@@ -46,9 +53,18 @@ def main(rounds: int) -> None:
                 "dsagen_sched": lambda k: ops.paged_logits(*args[k], max_len, True, schedule=scheds[k]),
                 "dsagen_own": lambda k: ops.paged_logits(*args[k], max_len, True),
             }
+            if noevict is not None:
+                fns["dsagen_noevict"] = lambda k: noevict.paged_logits(*args[k], max_len, True, schedule=scheds[k])
             if dg is not None:
                 call, note, _ = Bn._deepgemm_caller(dg, sets, nn, max_len, dev)
                 fns["deepgemm"] = call
+            if seq:
+                print(f"B={B} ctx={ctx} next_n={nn} sets={n}: the sequence, median us of each series", flush=True)
+                for r in range(rounds):
+                    ts = [timers[m].time(fns[name], n, 100, 10).us for name, m in seq]
+                    print(f"  round {r}: " + "  ".join(f"{name}:{m} {t:.2f}" for (name, m), t in zip(seq, ts)),
+                          flush=True)
+                continue
             res: dict[tuple[str, str], list[float]] = {}
             for r in range(rounds):
                 names = list(fns) if r % 2 == 0 else list(reversed(fns))
