@@ -308,8 +308,7 @@ def effective_tuning(spec: Spec, tuning: dict[str, Any] | None = None) -> dict[s
 _SCALAR_TUNINGS = (("stages", 1, 64, False), ("promote", 0, 64, True), ("fuse", 0, 256, False),
                    ("chains", 0, 2, False), ("maxnreg", 0, 256, False), ("wregs", 0, 256, True),
                    ("mma_ahead", 0, 256, True), ("math_wgs", 1, 4, False), ("store_passes", 1, 4, False),
-                   ("math", None, None, True), ("sched", None, None, True),
-                   ("logits_evict_last", None, None, True))
+                   ("math", None, None, True), ("sched", None, None, True))
 
 
 def _check_scalars(tune: dict[str, Any]) -> None:
@@ -621,9 +620,7 @@ def default_tuning(spec: Spec) -> dict[str, Any]:
             "mma_widen": True,
             # verified on an H100 (thirty-eighth session) but 1.12-1.46x slower there than
             # without it (3 CTAs per SM at 138-142 registers, against 4): off
-            "mma_prefetch": False,
-            # not measured yet (fifty-third session): off
-            "logits_evict_last": False}
+            "mma_prefetch": False}
 
 
 def _store_prefetch(tune: dict[str, Any]) -> bool:
@@ -935,7 +932,6 @@ def _context(spec: Spec, tune: dict[str, Any], ns: str) -> dict[str, Any]:
         "sched": bool(tune["sched"]),
         "kv_evict_first": _kv_evict_first(tune) != 0,
         "kv_evict_first_l2": _kv_evict_first(tune),
-        "logits_evict_last": bool(tune["logits_evict_last"]),
         "lean_loop": _lean_loop(tune),
         "sched_row": SCHEDULE_ROW,
         "k_step_bytes": 32,
