@@ -318,12 +318,15 @@ def verify(specs, device, seed):
 @click.option("--tuning", default=None, metavar="JSON",
               help="Kernel tuning overrides for every spec, e.g. '{\"mma_ahead\": false}' "
                    "(see dsagen.codegen.default_tuning).")
-def bench(specs, json_out, quick, tuning):
+@click.option("--method", type=click.Choice(["spin", "graph"]), default=None,
+              help="Timing: spin (launch hidden behind a GPU spin) or graph (CUDA-graph replay of "
+                   "each call); default DSAGEN_BENCH_METHOD, else spin.")
+def bench(specs, json_out, quick, tuning, method):
     """Time the generated kernels against copy bandwidth, the PyTorch fallback and DeepGEMM.
 
     \b
     Environment:
-      DSAGEN_BENCH_METHOD   spin (default: launch hidden behind a GPU spin) or graph (CUDA-graph replay)
+      DSAGEN_BENCH_METHOD   spin (default: launch hidden behind a GPU spin) or graph (CUDA-graph replay); --method wins
       DSAGEN_BENCH_SETTLE   seconds the GPU idles before each row (default 2; 0: none)
       DSAGEN_BENCH_PARTIAL  a JSON file rewritten with the rows so far after each row
       DSAGEN_BENCH_GIT      the rows' `git` field, for a tree copied without its .git
@@ -350,7 +353,7 @@ def bench(specs, json_out, quick, tuning):
             except (ValueError, TypeError, KeyError) as e:
                 raise UsageFailure(f"--tuning for {s.name}: {e}") from None
     try:
-        rows = B.run(loaded, quick=quick, tuning=tune)
+        rows = B.run(loaded, quick=quick, tuning=tune, method=method)
     except RuntimeError as e:
         if "CUDA" not in str(e):
             raise

@@ -170,6 +170,15 @@ def test_bench_tuning_must_be_a_json_object(tuning, msg):
     assert r.exit_code == 2 and msg in r.output
 
 
+def test_bench_method_must_be_spin_or_graph():
+    """`dsagen bench --method` takes spin or graph only (exit 2 naming the choices, before any
+    build or device check)."""
+    r = CliRunner().invoke(main, ["bench", FP8, "--method", "cuda"])
+    assert r.exit_code == 2 and "'spin'" in r.output and "'graph'" in r.output, r.output
+    r = CliRunner().invoke(main, ["bench", "--help"])
+    assert r.exit_code == 0 and "--method [spin|graph]" in r.output, r.output
+
+
 @pytest.mark.parametrize("tuning, msg", [('{"math_wgs": 9}', "math_wgs=9"), ('{"portable": "x"}', "portable='x'")])
 def test_bench_bad_tuning_value_is_a_usage_error(tuning, msg, monkeypatch):
     """A tuning with a bad value fails before anything is built or timed (exit 2, one line
