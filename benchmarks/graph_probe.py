@@ -43,21 +43,21 @@ def main(rounds: int) -> None:
         for nn in map(int, os.environ.get("PROBE_NEXT_N", "1,2").split(",")):
             lens = [ctx] * B
             set_bytes = Bn._logits_set_bytes(spec, B, nn, lens)
-            n = max(Bn.MIN_SETS, Bn.num_sets(set_bytes))
+            n = Bn.num_sets(set_bytes)          # (at least MIN_SETS)
             sets = [Bn.make_logits_inputs(spec, ops.store, lens, nn, 17 * i + 1, dev) for i in range(n)]
             max_len = sets[0]["max_context_len"]
             args = [(s["q"], s["kv_cache"], s["weights"], s["context_lens"], s["block_table"]) for s in sets]
             scheds = [ops.paged_logits_schedule(s["context_lens"], s["block_table"], nn, max_len) for s in sets]
+            skw = [{}] * n                     # (fp8_e4m3_page64 has no separate scales)
             fns = {
                 "empty": lambda k: torch.cuda._sleep(0),
-                "dsagen_sched": lambda k: ops.paged_logits(*args[k], max_len, True, schedule=scheds[k]),
+                "dsagen_sched": Bn._scheduled_calls(ops, args, skw, scheds, max_len)[0],
                 "dsagen_own": lambda k: ops.paged_logits(*args[k], max_len, True),
             }
             if noevict is not None:
-                fns["dsagen_noevict"] = lambda k: noevict.paged_logits(*args[k], max_len, True, schedule=scheds[k])
+                fns["dsagen_noevict"] = Bn._scheduled_calls(noevict, args, skw, scheds, max_len)[0]
             if dg is not None:
-                call, note, _ = Bn._deepgemm_caller(dg, sets, nn, max_len, dev)
-                fns["deepgemm"] = call
+                fns["deepgemm"] = Bn._deepgemm_caller(dg, sets, nn, max_len, dev)[0]
             if seq:
                 print(f"B={B} ctx={ctx} next_n={nn} sets={n}: the sequence, median us of each series", flush=True)
                 for r in range(rounds):
