@@ -355,27 +355,36 @@ def _compile(name: str, tmp: Path, archs: list[str], with_cuda: bool, inputs: di
 @dataclass
 class NvccResult:
     """One compile of :func:`nvcc_compile_only`: ``arch`` (``sm_90a``...), ``source`` (a ``.cu``
-    file name), ``ok`` (nvcc exited 0), wall ``seconds``, and ``log`` (the command line and
-    nvcc's output)."""
+    file name), ``ok`` (nvcc exited 0), wall ``seconds``, ``log`` (the command line and
+    nvcc's output) and ``output`` (the object file, or the cubin of a device-only compile)."""
     arch: str
     source: str
     ok: bool
     seconds: float
     log: str
+    output: Path | None = None
 
 
 def nvcc_compile_only(sources: dict[str, str], archs: list[str], workdir: Path | None = None,
-                      jobs: int = 2) -> list[NvccResult]:
-    """Compile every ``.cu`` source for each arch with nvcc (``-c``, nothing is run), ``jobs``
-    compiles at a time, in ``workdir`` (default a new temporary folder, kept).
+                      jobs: int = 2, only: list[str] | None = None) -> list[NvccResult]:
+    """Compile every ``.cu`` source (or the ones named in ``only``, a subset of
+    ``CUDA_SOURCES``) for each arch with nvcc (nothing is run), ``jobs`` compiles at a time, in
+    ``workdir`` (default a new temporary folder, kept). The first arch compiles host and device
+    code (``-c``, ``<source>.<arch>.o``); each further arch compiles its device code alone
+    (``-cubin``, ``<source>.<arch>.cubin``): the host code is the same for every arch, and its
+    pass is more than half of a compile's time.
 
     Returns:
         one :class:`NvccResult` per (arch, source); a failed compile is ``ok`` False, not raised.
     Raises:
         BuildError: nvcc is not found, or the nvidia-cutlass headers are missing.
+        ValueError: ``only`` names a file that is not one of ``CUDA_SOURCES``.
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    names = list(CUDA_SOURCES) if only is None else list(only)
+    if not set(names) <= set(CUDA_SOURCES):
+        raise ValueError(f"only: {sorted(set(names) - set(CUDA_SOURCES))} not among {list(CUDA_SOURCES)}")
     nvcc = find_nvcc()
     if not nvcc:
         raise BuildError("nvcc not found (not on PATH, CUDA_HOME or /usr/local/cuda)")
@@ -387,12 +396,13 @@ def nvcc_compile_only(sources: dict[str, str], archs: list[str], workdir: Path |
 
     def one(arch_src):
         arch, src = arch_src
+        mode, out = ("-c", wd / f"{src}.{arch}.o") if arch == archs[0] else ("-cubin", wd / f"{src}.{arch}.cubin")
         cmd = [nvcc, *NVCC_STD, *NVCC_FLAGS, *extra_nvcc_flags(), ARCH_GENCODE[arch], "-I", str(wd), "-I", inc,
-               "-c", str(wd / src), "-o", str(wd / f"{src}.{arch}.o")]
+               mode, str(wd / src), "-o", str(out)]
         t0 = time.time()
         p = subprocess.run(cmd, capture_output=True, text=True)
         return NvccResult(arch, src, p.returncode == 0, time.time() - t0,
-                          (" ".join(cmd) + "\n" + p.stdout + p.stderr).strip())
+                          (" ".join(cmd) + "\n" + p.stdout + p.stderr).strip(), out)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        return list(ex.map(one, [(a, s) for a in archs for s in CUDA_SOURCES]))
+        return list(ex.map(one, [(a, s) for a in archs for s in names]))
