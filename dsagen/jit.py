@@ -372,7 +372,9 @@ def nvcc_compile_only(sources: dict[str, str], archs: list[str], workdir: Path |
     ``workdir`` (default a new temporary folder, kept). The first arch compiles host and device
     code (``-c``, ``<source>.<arch>.o``); each further arch compiles its device code alone
     (``-cubin``, ``<source>.<arch>.cubin``): the host code is the same for every arch, and its
-    pass is more than half of a compile's time.
+    pass is more than half of a compile's time. Where ``DSAGEN_NVCC_FLAGS`` names GPU targets
+    of its own (``-gencode``, ``-arch``, ``-code``), which ``-cubin`` refuses, every arch is
+    compiled with ``-c``.
 
     Returns:
         one :class:`NvccResult` per (arch, source); a failed compile is ``ok`` False, not raised.
@@ -394,10 +396,16 @@ def nvcc_compile_only(sources: dict[str, str], archs: list[str], workdir: Path |
         (wd / f).write_text(sources[f])
     inc = str(cutlass_include_dir())
 
+    # nvcc refuses -cubin for several GPU targets: extra flags that add one get -c everywhere
+    extra = extra_nvcc_flags()
+    more_targets = any(f.split("=")[0] in ("-gencode", "--generate-code", "-arch", "--gpu-architecture",
+                                           "-code", "--gpu-code") for f in extra)
+
     def one(arch_src):
         arch, src = arch_src
-        mode, out = ("-c", wd / f"{src}.{arch}.o") if arch == archs[0] else ("-cubin", wd / f"{src}.{arch}.cubin")
-        cmd = [nvcc, *NVCC_STD, *NVCC_FLAGS, *extra_nvcc_flags(), ARCH_GENCODE[arch], "-I", str(wd), "-I", inc,
+        device_only = arch != archs[0] and not more_targets
+        mode, out = ("-cubin", wd / f"{src}.{arch}.cubin") if device_only else ("-c", wd / f"{src}.{arch}.o")
+        cmd = [nvcc, *NVCC_STD, *NVCC_FLAGS, *extra, ARCH_GENCODE[arch], "-I", str(wd), "-I", inc,
                mode, str(wd / src), "-o", str(out)]
         t0 = time.time()
         p = subprocess.run(cmd, capture_output=True, text=True)

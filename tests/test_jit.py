@@ -142,16 +142,23 @@ def test_eight_processes_one_build(built_cache):
 
 def _kill_session(sid: int) -> None:
     """SIGKILL every process of session ``sid`` (Linux /proc; ninja starts each compiler in a
-    process group of its own, so killing the child's group would leave them running)."""
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[3]) == sid:
-                os.kill(int(d.name), signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
-            pass                                       # gone already, or not ours to read
+    process group of its own, so killing the child's group would leave them running), scanning
+    again until a scan finds none alive (one forked during a scan is caught by the next)."""
+    for _ in range(50):
+        alive = 0
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                if fields[0] != "Z" and int(fields[3]) == sid:   # state, then ppid, pgrp, session
+                    os.kill(int(d.name), signal.SIGKILL)
+                    alive += 1
+            except (OSError, ValueError, IndexError):
+                pass                                   # gone already, or not ours to read
+        if not alive:
+            return
+        time.sleep(0.1)
 
 
 def test_sigkill_during_build_leaves_nothing_blocking(tmp_path):

@@ -273,3 +273,15 @@ def test_wgmma_probe_builds(nvcc, tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     assert out.stat().st_size > 0
+
+
+def test_extra_gpu_targets_compile_every_arch_with_c(nvcc, tmp_path, monkeypatch):
+    """nvcc refuses -cubin for several GPU targets: where DSAGEN_NVCC_FLAGS adds one, every arch
+    is compiled with -c (store.cu only, for CI time)."""
+    import dsagen
+    from conftest import SPECS
+    monkeypatch.setenv("DSAGEN_NVCC_FLAGS", "-gencode arch=compute_90a,code=sm_90a")
+    results = nvcc_compile_only(render(dsagen.load_spec(SPECS["bf16_page64"])), ARCHS, workdir=tmp_path,
+                                only=["store.cu"])
+    assert [(r.arch, r.ok, r.output) for r in results] == [
+        (a, True, tmp_path / f"store.cu.{a}.o") for a in ARCHS], [r.log[-3000:] for r in results]
