@@ -161,7 +161,6 @@ def test_cuda_bindings_compile(nvcc, tmp_path):
     import os
     import shutil
     import subprocess
-    from pathlib import Path
 
     import dsagen
     from torch.utils.cpp_extension import include_paths
