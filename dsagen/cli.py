@@ -261,14 +261,16 @@ def compile(specs, json_out, no_nvcc, seed):  # noqa: A001 - the command is call
         ok &= _compile_one(s, rows, nvcc_check=not no_nvcc, unrun=unrun, uncompiled=uncompiled, seed=seed)
     if json_out:
         Path(json_out).write_text(json.dumps(rows, indent=1))
+    def archs(a: set) -> str:   # sm_90a before sm_100a: by the number, as specs list them
+        return ", ".join(sorted(a, key=lambda x: (int("".join(filter(str.isdigit, x)) or 0), x)))
     if no_nvcc:
-        what = "CUDA for " + ", ".join(sorted(unrun)) + " not compiled (--no-nvcc)"
+        what = "CUDA for " + archs(unrun) + " not compiled (--no-nvcc)"
     elif uncompiled:
-        what = "CUDA for " + ", ".join(sorted(uncompiled)) + " NOT compiled: nvcc not found"
+        what = "CUDA for " + archs(uncompiled) + " NOT compiled: nvcc not found"
         if unrun - uncompiled:
-            what = "CUDA for " + ", ".join(sorted(unrun - uncompiled)) + " compiled only; " + what
+            what = "CUDA for " + archs(unrun - uncompiled) + " compiled only; " + what
     else:
-        what = "CUDA for " + ", ".join(sorted(unrun)) + " compiled only"
+        what = "CUDA for " + archs(unrun) + " compiled only"
     click.echo("dsagen compile: " + ("all verified" if ok else "FAILED")
                + (f" ({what}, not run: no such device here)" if unrun else ""))
     sys.exit(0 if ok else 1)

@@ -44,7 +44,7 @@ def test_compile_fp8(generated_tmp, nvcc, tmp_path):
         for src in ("store.cu", "paged_logits.cu", "paged_logits_small.cu"):
             assert f"{src} {arch}: compiled" in out, out
     assert "compiled but NOT run" in out and "'sm_90a', 'sm_100a'" in out
-    assert out.rstrip().endswith("dsagen compile: all verified (CUDA for sm_100a, sm_90a compiled only, not run: "
+    assert out.rstrip().endswith("dsagen compile: all verified (CUDA for sm_90a, sm_100a compiled only, not run: "
                                  "no such device here)")
     rows = json.loads(js.read_text())
     assert [(x["spec"], x["backend"], x["passed"]) for x in rows] == [("fp8_e4m3_page64", "cpu", True)]
@@ -232,7 +232,7 @@ def test_compile_without_nvcc_says_not_compiled(generated_tmp, monkeypatch):
     r = _run("compile", "specs/bf16_page64.yaml")
     assert r.exit_code == 0, r.output
     assert "nvcc not found: CUDA for ['sm_90a', 'sm_100a'] NOT compiled" in r.output
-    assert r.output.rstrip().endswith("dsagen compile: all verified (CUDA for sm_100a, sm_90a NOT compiled: "
+    assert r.output.rstrip().endswith("dsagen compile: all verified (CUDA for sm_90a, sm_100a NOT compiled: "
                                       "nvcc not found, not run: no such device here)"), r.output
 
 
