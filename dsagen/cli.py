@@ -184,10 +184,11 @@ def _run_verify(spec: Spec, ops, device: str, json_rows: list, seed: int | None 
 
 
 def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True, unrun: set | None = None,
-                 uncompiled: set | None = None, seed: int | None = None) -> bool:
+                 uncompiled: set | None = None, seed: int | None = None,
+                 excluded: set | None = None) -> bool:
     import torch
 
-    from . import jit
+    from . import config, jit
     from .codegen import render as render_sources, write_generated
     from .ops import cuda_archs, load
 
@@ -205,7 +206,14 @@ def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True, unrun: se
     ok &= _run_verify(spec, ops, "cpu", json_rows, seed)
     if archs:
         ok &= _run_verify(spec, ops, "cuda", json_rows, seed)
-    not_run = [t for t in spec.targets if t not in archs]
+    allowed = config.arch_list()
+    left_out = [t for t in spec.targets if allowed is not None and t not in allowed]
+    if left_out:
+        click.echo(f"[{spec.name}] DSAGEN_ARCH_LIST leaves out {left_out}: their CUDA neither "
+                   f"compiled nor run")
+        if excluded is not None:
+            excluded.update(left_out)
+    not_run = [t for t in spec.targets if t not in archs and t not in left_out]
     if unrun is not None:
         unrun.update(not_run)
     if not_run and not nvcc_check:
@@ -256,9 +264,11 @@ def compile(specs, json_out, no_nvcc, seed):  # noqa: A001 - the command is call
     ok = True
     unrun: set = set()
     uncompiled: set = set()
+    excluded: set = set()
     for s in _not_over_a_shipped_spec(_one_folder_per_name(_specs(specs)),
                                       "rename it (compile renders into generated/<name>/)"):
-        ok &= _compile_one(s, rows, nvcc_check=not no_nvcc, unrun=unrun, uncompiled=uncompiled, seed=seed)
+        ok &= _compile_one(s, rows, nvcc_check=not no_nvcc, unrun=unrun, uncompiled=uncompiled, seed=seed,
+                           excluded=excluded)
     if json_out:
         Path(json_out).write_text(json.dumps(rows, indent=1))
     def archs(a: set) -> str:   # sm_90a before sm_100a: by the number, as specs list them
@@ -271,8 +281,11 @@ def compile(specs, json_out, no_nvcc, seed):  # noqa: A001 - the command is call
             what = "CUDA for " + archs(unrun - uncompiled) + " compiled only; " + what
     else:
         what = "CUDA for " + archs(unrun) + " compiled only"
+    notes = [f"{what}, not run: no such device here"] if unrun else []
+    if excluded:
+        notes.append("CUDA for " + archs(excluded) + " left out by DSAGEN_ARCH_LIST")
     click.echo("dsagen compile: " + ("all verified" if ok else "FAILED")
-               + (f" ({what}, not run: no such device here)" if unrun else ""))
+               + (f" ({'; '.join(notes)})" if notes else ""))
     sys.exit(0 if ok else 1)
 
 

@@ -5,7 +5,7 @@
 | ``DSAGEN_CACHE_DIR`` | ``$XDG_CACHE_HOME/dsagen`` or ``~/.cache/dsagen`` | build cache root |
 | ``DSAGEN_LOCK_DIR`` | ``<cache root>/locks`` | where the per-build lock files live (keep it on local disk) |
 | ``DSAGEN_LOCK_TIMEOUT`` | ``1800`` | seconds to wait for another process's build (negative or ``inf``: forever) |
-| ``DSAGEN_ARCH_LIST`` | the spec's targets | comma list (``sm_90a,sm_100a``) that narrows the targets |
+| ``DSAGEN_ARCH_LIST`` | the spec's targets | comma list (``sm_90a,sm_100a``) that narrows the targets (another name: an error) |
 | ``DSAGEN_JIT_VERBOSE`` | off | log one line per load (key, time, hit/miss) and show ninja's output |
 | ``DSAGEN_JIT_DEBUG`` | off | nvcc ``-G`` (device debug) |
 | ``DSAGEN_JIT_LINEINFO`` | off | nvcc ``-lineinfo`` |
@@ -68,9 +68,19 @@ def lock_timeout() -> float:
 
 def arch_list() -> list[str] | None:
     """``DSAGEN_ARCH_LIST`` as a list (``"sm_90a,sm_100a"`` -> ``["sm_90a", "sm_100a"]``), or
-    None when unset (every target of the spec). Names are not checked here."""
-    env = os.environ.get("DSAGEN_ARCH_LIST", "").strip()
-    return [a.strip() for a in env.split(",") if a.strip()] if env else None
+    None when unset or empty (every target of the spec). ValueError naming the variable where
+    it names no arch or one that is not in :data:`dsagen.spec.ARCHS`."""
+    from .spec import ARCHS
+    raw = os.environ.get("DSAGEN_ARCH_LIST", "")
+    env = raw.strip()
+    if not env:
+        return None
+    names = [a.strip() for a in env.split(",") if a.strip()]
+    bad = [a for a in names if a not in ARCHS]
+    if bad or not names:
+        raise ValueError(f"DSAGEN_ARCH_LIST={raw!r}: must be a comma list of {', '.join(ARCHS)}"
+                         + (f" ({', '.join(map(repr, bad))} is not one)" if bad else ""))
+    return names
 
 
 def jit_verbose() -> bool:
@@ -110,11 +120,11 @@ def max_jobs() -> int | None:
 
 def check() -> list[str]:
     """The problems of the set ``DSAGEN_*`` variables that have a format (``DSAGEN_LOCK_TIMEOUT``,
-    ``DSAGEN_MAX_JOBS``, ``DSAGEN_BENCH_METHOD``, ``DSAGEN_BENCH_SETTLE``), one message each;
-    empty when all are good. The CLI refuses to start with any (exit status 2); ``dsagen
-    doctor`` lists them."""
+    ``DSAGEN_ARCH_LIST``, ``DSAGEN_MAX_JOBS``, ``DSAGEN_BENCH_METHOD``, ``DSAGEN_BENCH_SETTLE``),
+    one message each; empty when all are good. The CLI refuses to start with any (exit status
+    2); ``dsagen doctor`` lists them."""
     out = []
-    for fn in (lock_timeout, max_jobs, bench_method, lambda: bench_settle_s(0.0)):
+    for fn in (lock_timeout, arch_list, max_jobs, bench_method, lambda: bench_settle_s(0.0)):
         try:
             fn()
         except ValueError as e:

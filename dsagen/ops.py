@@ -25,6 +25,7 @@ allocates it. It is required for separate specs and must be None for the others 
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,8 @@ _POISON_PREV: dict[str, bool] = {}
 
 def cuda_archs(spec: Spec) -> list[str]:
     """The spec's targets (narrowed by ``DSAGEN_ARCH_LIST``) that the current CUDA device runs:
-    ``sm_90a`` on Hopper, ``sm_100a`` on Blackwell; empty without a matching device."""
+    ``sm_90a`` on Hopper, ``sm_100a`` on Blackwell; empty without a matching device.
+    ValueError where ``DSAGEN_ARCH_LIST`` is malformed (:func:`dsagen.config.arch_list`)."""
     from . import config
     if not torch.cuda.is_available() or torch.version.cuda is None:
         return []
@@ -176,9 +178,11 @@ class Ops:
                 ``max_context_len`` is out of range, ``kv_cache`` is not contiguous, or (CUDA)
                 the launch failed; on the CPU backend, a page id a request reads is out of
                 range (on CUDA page ids are not checked: undefined behaviour).
+            TypeError: ``max_context_len`` is not an integer or ``clean_logits`` not a bool.
         """
         return self._ops.paged_logits(q, kv_cache, weights, context_lens, block_table,
-                                      int(max_context_len), bool(clean_logits), kv_scales, schedule)
+                                      _int_arg("max_context_len", max_context_len),
+                                      _bool_arg("clean_logits", clean_logits), kv_scales, schedule)
 
     def paged_logits_schedule(self, context_lens: torch.Tensor, block_table: torch.Tensor,
                               next_n: int, max_context_len: int) -> torch.Tensor:
@@ -202,8 +206,10 @@ class Ops:
             for these lengths (no sm_90 device, a spec without it, or tuning ``sched`` off).
         Raises:
             RuntimeError: next_n not in the spec, or shapes, dtypes or devices wrong.
+            TypeError: ``next_n`` or ``max_context_len`` is not an integer.
         """
-        return self._ops.paged_logits_schedule(context_lens, block_table, int(next_n), int(max_context_len))
+        return self._ops.paged_logits_schedule(context_lens, block_table, _int_arg("next_n", next_n),
+                                               _int_arg("max_context_len", max_context_len))
 
     def set_poison_outputs(self, on: bool) -> bool:
         """Debug switch of this extension (every spec's ops have their own): while on,
@@ -258,8 +264,31 @@ class Ops:
             fp32 ``[S, N]``.
         Raises:
             RuntimeError: shapes, dtypes or devices do not match the spec.
+            TypeError: ``clean_logits`` is not a bool.
         """
-        return self._ops.ragged_logits(q, k, k_scale, weights, ks, ke, bool(clean_logits))
+        return self._ops.ragged_logits(q, k, k_scale, weights, ks, ke, _bool_arg("clean_logits", clean_logits))
+
+
+def _int_arg(name: str, v) -> int:
+    """``v`` as a Python int where it is one (a numpy integer or a one-element integer tensor
+    too); TypeError naming ``name`` for a bool, a float or anything else (never truncated)."""
+    if isinstance(v, bool):
+        raise TypeError(f"{name} must be an integer, got bool {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}") from None
+
+
+def _bool_arg(name: str, v) -> bool:
+    """``v`` as a Python bool where it is a bool, 0 or 1 (numpy and one-element tensors too);
+    TypeError naming ``name`` otherwise (a string such as ``"no"`` is not read as True)."""
+    if isinstance(v, bool):
+        return v
+    item = v.item() if isinstance(v, torch.Tensor) or type(v).__module__ == "numpy" else v
+    if isinstance(item, bool) or (isinstance(item, int) and item in (0, 1)):
+        return bool(item)
+    raise TypeError(f"{name} must be a bool, got {type(v).__name__} {v!r}")
 
 
 def _one_device(ns: str, op: str, **tensors) -> None:

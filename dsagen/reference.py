@@ -104,8 +104,12 @@ def quantize(k: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, torch.Tensor | 
         are specified for finite keys (an inf element makes the block's scale inf, or 1.0 with
         ``pow2`` rounding, which ue8m0 scales always have).
     Raises:
-        nothing of its own: the ue8m0 range check (``2**-127 .. 2**127``) is :func:`store`'s.
+        ValueError: ``k`` is not ``[N, head_dim]`` floating point. (The ue8m0 range check,
+            ``2**-127 .. 2**127``, is :func:`store`'s.)
     """
+    if k.dim() != 2 or k.shape[1] != spec.head_dim or not k.is_floating_point():
+        raise ValueError(f"{spec.name}: k must be floating point [N, {spec.head_dim}], "
+                         f"got {k.dtype} {list(k.shape)}")
     kd = spec.key
     if not spec.quantized:
         return k.to(kd.torch_dtype), None
@@ -176,7 +180,8 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
     spec (written in place; see the module docstring), None otherwise.
 
     Raises:
-        ValueError: ``kv_scales`` missing for a separate spec or given for another; a ue8m0
+        ValueError: ``k`` is not floating point ``[N, head_dim]``, or ``loc`` is not ``[N]``
+            integer slot ids; ``kv_scales`` missing for a separate spec or given for another; a ue8m0
             scale outside ``2**-127 .. 2**127`` (unreachable from finite keys), on CPU tensors (not
             checked on CUDA, where the check would synchronize the host).
         IndexError: a slot outside ``kv_cache`` (negative, or past its end) on CPU tensors
@@ -186,6 +191,10 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
     flat = kv_cache.view(-1)
     sflat = _scale_tensor(spec, kv_cache, kv_scales).view(-1)
     kq, scale = quantize(k, spec)
+    if (loc.dim() != 1 or loc.shape[0] != k.shape[0] or loc.is_floating_point() or loc.is_complex()
+            or loc.dtype == torch.bool):
+        raise ValueError(f"{spec.name}: loc must be integer [N] = [{k.shape[0]}] slot ids, "
+                         f"got {loc.dtype} {list(loc.shape)}")
     # (no negative-slot or ue8m0-range check on CUDA: each would synchronize the host in dsagen
     # bench's timed fallback store)
     on_cpu = kv_cache.device.type == "cpu"

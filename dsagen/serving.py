@@ -50,7 +50,7 @@ class IndexerKCache:
             layout, element types, head_dim and heads, and every next_n of ``spec`` (its name,
             description and targets may differ).
     Raises:
-        ValueError: ``num_layers`` or ``num_pages`` < 1, or ``ops`` built for a spec that
+        ValueError: ``num_layers`` or ``num_pages`` not an integer >= 1, or ``ops`` built for a spec that
             differs in any of those.
         RuntimeError: a CUDA ``device`` with ops that have no CUDA kernels.
         dsagen.SpecError: a bad spec file. dsagen.jit.BuildError: the build fails. Otherwise
@@ -62,8 +62,15 @@ class IndexerKCache:
         from . import load
         from .spec import load_spec
         self.spec: Spec = spec if isinstance(spec, Spec) else load_spec(spec)
-        if num_layers < 1 or num_pages < 1:
-            raise ValueError("num_layers and num_pages must be >= 1")
+        sizes = {"num_layers": num_layers, "num_pages": num_pages}
+        for name, v in sizes.items():
+            try:
+                sizes[name] = None if isinstance(v, bool) else operator.index(v)
+            except TypeError:
+                sizes[name] = None
+            if sizes[name] is None or sizes[name] < 1:
+                raise ValueError(f"{name}={v!r}: num_layers and num_pages must be integers >= 1")
+        num_layers, num_pages = sizes["num_layers"], sizes["num_pages"]
         self.num_layers, self.num_pages = num_layers, num_pages
         if ops is not None and not _same_kernels(getattr(ops, "spec", None), self.spec):
             raise ValueError(f"ops: built for spec {getattr(getattr(ops, 'spec', None), 'name', ops)!r}, "
@@ -94,11 +101,24 @@ class IndexerKCache:
         ``spec.cache_bytes_per_token``."""
         return self.spec.bytes_per_token
 
+    def _layer_index(self, layer) -> int:
+        """``layer`` as an int in ``[0, num_layers)``: TypeError for a non-integer (a bool, a
+        float), IndexError outside the range."""
+        try:
+            i = None if isinstance(layer, bool) else operator.index(layer)
+        except TypeError:
+            i = None
+        if i is None:
+            raise TypeError(f"layer must be an integer, got {type(layer).__name__} {layer!r}")
+        if not 0 <= i < self.num_layers:
+            raise IndexError(f"layer {layer} not in [0, {self.num_layers})")
+        return i
+
     def layer(self, layer: int) -> torch.Tensor:
         """uint8 ``[num_pages, page_bytes]`` view of one layer (contiguous, its own offset).
-        Raises IndexError for a layer outside ``[0, num_layers)``."""
-        if not 0 <= layer < self.num_layers:
-            raise IndexError(f"layer {layer} not in [0, {self.num_layers})")
+        Raises IndexError for a layer outside ``[0, num_layers)``, TypeError for one that is
+        not an integer."""
+        layer = self._layer_index(layer)
         start = layer * self.layer_stride
         return self.pool[start:start + self.num_pages * self.spec.page_bytes].view(
             self.num_pages, self.spec.page_bytes)
@@ -106,9 +126,9 @@ class IndexerKCache:
     def layer_scales(self, layer: int) -> torch.Tensor | None:
         """uint8 ``[num_pages, scale_page_bytes]`` view of one layer's scales (contiguous, its own
         offset in ``scale_pool``) for a ``separate`` spec; None for the other placements.
-        Raises IndexError for a layer outside ``[0, num_layers)``."""
-        if not 0 <= layer < self.num_layers:
-            raise IndexError(f"layer {layer} not in [0, {self.num_layers})")
+        Raises IndexError for a layer outside ``[0, num_layers)``, TypeError for one that is
+        not an integer."""
+        layer = self._layer_index(layer)
         if self.scale_pool is None:
             return None
         start = layer * self.scale_layer_stride
@@ -228,6 +248,11 @@ class IndexerKCache:
         return self.ops.ragged_logits(q, k, k_scale, weights, ks, ke, clean_logits)
 
 
+def _describe(x) -> str:
+    """``dtype [shape]`` of a tensor, else the type's name (for error messages)."""
+    return f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
 def topk(logits: torch.Tensor, lengths: torch.Tensor, index_topk: int) -> torch.Tensor:
     """Token indices of the ``index_topk`` largest logits of each row, deterministically.
 
@@ -240,13 +265,17 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, index_topk: int) -> torch.
         int32 ``[rows, index_topk]``, best first; ties go to the smaller index; ``-1`` pads rows
         with fewer valid keys (an all ``-inf`` row is all ``-1``). No host synchronization.
     Raises:
-        ValueError: ``logits`` is not 2-D, ``lengths`` is not ``[rows]``, or ``index_topk`` < 1.
+        ValueError: ``logits`` is not a 2-D floating-point tensor, ``lengths`` is not an integer
+            ``[rows]`` tensor, or ``index_topk`` < 1.
     """
-    if logits.dim() != 2:
-        raise ValueError(f"topk: logits must be [rows, max_len], got {tuple(logits.shape)}")
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        raise ValueError(f"topk: logits must be a floating-point [rows, max_len] tensor, got "
+                         f"{_describe(logits)}")
     rows, n = logits.shape
-    if tuple(lengths.shape) != (rows,):
-        raise ValueError(f"topk: lengths must be [{rows}] (one per logits row), got {tuple(lengths.shape)}")
+    if (not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (rows,)
+            or lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool):
+        raise ValueError(f"topk: lengths must be an integer [{rows}] tensor (one per logits row), got "
+                         f"{_describe(lengths)}")
     try:
         k = operator.index(index_topk)       # int, numpy and 0-d torch integers
     except TypeError:

@@ -195,7 +195,10 @@ def test_bench_bad_tuning_value_is_a_usage_error(tuning, msg, monkeypatch):
                                              ("DSAGEN_BENCH_METHOD", "cuda", "'spin' or 'graph'"),
                                              ("DSAGEN_BENCH_SETTLE", "abc", "a number of seconds"),
                                              ("DSAGEN_BENCH_SETTLE", "-1", "a number of seconds"),
-                                             ("DSAGEN_BENCH_SETTLE", "nan", "a number of seconds")])
+                                             ("DSAGEN_BENCH_SETTLE", "nan", "a number of seconds"),
+                                             ("DSAGEN_ARCH_LIST", "sm_75", "a comma list of sm_90a, sm_100a"),
+                                             ("DSAGEN_ARCH_LIST", "sm_90", "a comma list of sm_90a, sm_100a"),
+                                             ("DSAGEN_ARCH_LIST", " , ", "a comma list of sm_90a, sm_100a")])
 def test_bad_environment_variable_is_a_usage_error(var, value, msg, monkeypatch, tmp_path):
     """A malformed DSAGEN_* variable stops every command before any work (exit 2, one line
     naming it), whether or not a build would read it; `dsagen doctor` lists it instead."""
@@ -213,9 +216,11 @@ def test_bad_environment_variable_is_a_usage_error(var, value, msg, monkeypatch,
     from dsagen import config
     with pytest.raises(ValueError, match=var):
         {"DSAGEN_LOCK_TIMEOUT": config.lock_timeout, "DSAGEN_MAX_JOBS": config.max_jobs,
-         "DSAGEN_BENCH_METHOD": config.bench_method, "DSAGEN_BENCH_SETTLE": lambda: config.bench_settle_s(2.0)}[var]()
+         "DSAGEN_BENCH_METHOD": config.bench_method, "DSAGEN_BENCH_SETTLE": lambda: config.bench_settle_s(2.0),
+         "DSAGEN_ARCH_LIST": config.arch_list}[var]()
     for good in {"DSAGEN_LOCK_TIMEOUT": ("2.5", "0", "-1", "inf"), "DSAGEN_MAX_JOBS": ("3", " 4 ", "+4"),
-                 "DSAGEN_BENCH_METHOD": ("graph", "spin"), "DSAGEN_BENCH_SETTLE": ("0", "2", "0.5", "")}[var]:
+                 "DSAGEN_BENCH_METHOD": ("graph", "spin"), "DSAGEN_BENCH_SETTLE": ("0", "2", "0.5", ""),
+                 "DSAGEN_ARCH_LIST": ("sm_90a", " sm_100a, sm_90a ", "")}[var]:
         monkeypatch.setenv(var, good)
         assert config.check() == [], good
     monkeypatch.setenv("DSAGEN_LOCK_TIMEOUT", "inf")
@@ -234,6 +239,31 @@ def test_compile_without_nvcc_says_not_compiled(generated_tmp, monkeypatch):
     assert "nvcc not found: CUDA for ['sm_90a', 'sm_100a'] NOT compiled" in r.output
     assert r.output.rstrip().endswith("dsagen compile: all verified (CUDA for sm_90a, sm_100a NOT compiled: "
                                       "nvcc not found, not run: no such device here)"), r.output
+
+
+def test_compile_arch_list_narrows_the_nvcc_check(generated_tmp, monkeypatch):
+    """DSAGEN_ARCH_LIST narrows the compile-only nvcc check too (not only the targets built for a
+    device): the targets it leaves out are neither compiled nor run, and the last line says so."""
+    import dsagen.jit
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-device messages")
+    asked = []
+    monkeypatch.setattr(dsagen.jit, "find_nvcc", lambda: "/nvcc")
+    monkeypatch.setattr(dsagen.jit, "nvcc_version", lambda: "13.0")
+    monkeypatch.setattr(dsagen.jit, "nvcc_compile_only", lambda srcs, archs, workdir: asked.append(list(archs)) or [])
+    monkeypatch.setenv("DSAGEN_ARCH_LIST", "sm_90a")
+    r = _run("compile", "specs/bf16_page64.yaml")
+    assert r.exit_code == 0, r.output
+    assert asked == [["sm_90a"]], asked
+    assert "[bf16_page64] DSAGEN_ARCH_LIST leaves out ['sm_100a']: their CUDA neither compiled nor run" in r.output
+    assert r.output.rstrip().endswith("dsagen compile: all verified (CUDA for sm_90a compiled only, not run: "
+                                      "no such device here; CUDA for sm_100a left out by DSAGEN_ARCH_LIST)"), r.output
+    monkeypatch.setenv("DSAGEN_ARCH_LIST", "sm_100a")
+    r = _run("compile", "--no-nvcc", "specs/bf16_page64.yaml")
+    assert r.exit_code == 0 and asked == [["sm_90a"]], r.output
+    assert r.output.rstrip().endswith("dsagen compile: all verified (CUDA for sm_100a not compiled (--no-nvcc), "
+                                      "not run: no such device here; CUDA for sm_90a left out by "
+                                      "DSAGEN_ARCH_LIST)"), r.output
 
 
 def test_unwritable_outputs_are_usage_errors(generated_tmp, tmp_path):

@@ -309,6 +309,28 @@ def test_bad_inputs_raise(dsagen_spec, dsagen_ops):
     for args, what in bad:
         with pytest.raises(RuntimeError, match=what):
             ops.paged_logits(*args, kv_scales=sc)
+    # Python arguments of the wrong kind are TypeErrors, never truncated or read as truthy
+    for m in (2.9, 3.0, True, "3", None):
+        with pytest.raises(TypeError, match="max_context_len must be an integer"):
+            ops.paged_logits(q, cache, w, cl, bt, m, kv_scales=sc)
+        with pytest.raises(TypeError, match="max_context_len must be an integer"):
+            ops.paged_logits_schedule(cl, bt, n, m)
+    with pytest.raises(TypeError, match="next_n must be an integer"):
+        ops.paged_logits_schedule(cl, bt, float(n), 3)
+    for c in ("no", 2, None, 1.0):
+        with pytest.raises(TypeError, match="clean_logits must be a bool"):
+            ops.paged_logits(q, cache, w, cl, bt, 3, c, kv_scales=sc)
+    # one-element integer tensors (and numpy integers, where numpy is installed) are ints, as
+    # for a shape
+    want = ops.paged_logits(q, cache, w, cl, bt, 3, kv_scales=sc)
+    cases = [(torch.tensor(3), torch.tensor(True)), (3, 1)]
+    try:
+        import numpy as np
+        cases.append((np.int64(3), np.bool_(True)))
+    except ImportError:
+        pass
+    for m, c in cases:
+        assert torch.equal(ops.paged_logits(q, cache, w, cl, bt, m, c, kv_scales=sc), want)
 
 
 def test_torch_library_registration(dsagen_spec, dsagen_ops, gen):

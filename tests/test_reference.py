@@ -588,6 +588,23 @@ def test_reference_argument_errors(gen):
         R.read_key_bytes(cache, torch.tensor([3, -1]), spec)
     with pytest.raises(IndexError, match="negative slot id"):
         R.store(torch.randn(1, 32), cache.clone(), torch.tensor([-64]), spec)
+    # a k of the wrong width (whose bytes would fill whole slots of an unscaled layout), a loc of
+    # another length or dtype: ValueError naming the argument, and not a byte written
+    for s in (spec, SMALL_SPECS["bf16"]):
+        c = R.new_cache(s, 2)
+        c.random_(0, 256, generator=gen)
+        before = c.clone()
+        for k, loc, what in ((torch.randn(6, 16), torch.tensor([0, 1, 2]), "k must be"),
+                             (torch.randn(2, 32, 1), torch.tensor([0, 1]), "k must be"),
+                             (torch.randint(0, 9, (2, 32)), torch.tensor([0, 1]), "k must be"),
+                             (torch.randn(3, 32), torch.tensor([0, 1]), "loc must be"),
+                             (torch.randn(2, 32), torch.tensor([[0, 1]]), "loc must be"),
+                             (torch.randn(2, 32), torch.tensor([0.0, 1.0]), "loc must be")):
+            with pytest.raises(ValueError, match=what):
+                R.store(k, c, loc, s)
+            assert torch.equal(c, before), (s.name, what)
+        with pytest.raises(ValueError, match="k must be"):
+            R.quantize(torch.randn(3, 33), s)
     with pytest.raises(ValueError, match="must be float8_e4m3fn"):
         R.ragged_logits(torch.randn(1, 8, 32), torch.tensor(1.0), torch.ones(3), torch.ones(1, 8),
                         torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), True, spec)

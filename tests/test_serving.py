@@ -172,6 +172,30 @@ def test_topk_never_selects_nan_and_checks_its_arguments(gen):
         topk(logits, torch.tensor([[50, 50]]), 8)
     with pytest.raises(ValueError, match="logits must be"):
         topk(logits[0], torch.tensor([50]), 8)
+    for bad_lengths in ([50, 50], torch.tensor([50.0, 50.0]), torch.tensor([True, True])):
+        with pytest.raises(ValueError, match="lengths must be an integer"):
+            topk(logits, bad_lengths, 8)
+    with pytest.raises(ValueError, match="logits must be a floating-point"):
+        topk(logits.long(), torch.tensor([50, 50]), 8)
+
+
+def test_pool_sizes_and_layer_ids_are_checked(dsagen_spec, dsagen_ops):
+    """Pool sizes that are not integers >= 1 are a ValueError naming them; a layer id that is
+    not an integer is a TypeError, one out of range an IndexError (never a slice error)."""
+    import numpy as np
+    for layers, pages in ((2.0, 4), ("2", 4), (True, 4), (2, 0), (2, 4.5), (0, 4)):
+        with pytest.raises(ValueError, match="num_layers and num_pages must be integers >= 1"):
+            IndexerKCache(dsagen_spec, layers, pages, ops=dsagen_ops)
+    pool = IndexerKCache(dsagen_spec, np.int64(2), torch.tensor(3), ops=dsagen_ops)
+    assert (pool.num_layers, pool.num_pages) == (2, 3) and type(pool.num_layers) is int
+    assert tuple(pool.layer(np.int32(1)).shape) == (3, dsagen_spec.page_bytes)
+    for get in (pool.layer, pool.layer_scales):
+        for bad in (1.5, 1.0, True, "1", None):
+            with pytest.raises(TypeError, match="layer must be an integer"):
+                get(bad)
+        for bad in (2, -1):
+            with pytest.raises(IndexError, match=r"not in \[0, 2\)"):
+                get(bad)
 
 
 def test_pool_refuses_ops_of_another_spec(dsagen_spec, dsagen_ops):
