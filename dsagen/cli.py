@@ -188,14 +188,14 @@ def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True, unrun: se
                  excluded: set | None = None) -> bool:
     import torch
 
-    from . import config, jit
+    from . import jit
     from .codegen import render as render_sources, write_generated
-    from .ops import cuda_archs, load
+    from .ops import arch_split, load
 
     d = write_generated(spec)
     click.echo(f"[{spec.name}] {spec.summary().split(': ', 1)[1]}; sources rendered into {d}")
     ok = True
-    archs = cuda_archs(spec)
+    archs, not_run, left_out = arch_split(spec)
     if archs:
         click.echo(f"[{spec.name}] CUDA device {torch.cuda.get_device_name()} -> building for {archs}")
     try:
@@ -206,14 +206,10 @@ def _compile_one(spec: Spec, json_rows: list, nvcc_check: bool = True, unrun: se
     ok &= _run_verify(spec, ops, "cpu", json_rows, seed)
     if archs:
         ok &= _run_verify(spec, ops, "cuda", json_rows, seed)
-    allowed = config.arch_list()
-    left_out = [t for t in spec.targets if allowed is not None and t not in allowed]
     if left_out:
-        click.echo(f"[{spec.name}] DSAGEN_ARCH_LIST leaves out {left_out}: their CUDA neither "
-                   f"compiled nor run")
+        click.echo(f"[{spec.name}] DSAGEN_ARCH_LIST leaves out {left_out}: neither compiled nor run")
         if excluded is not None:
             excluded.update(left_out)
-    not_run = [t for t in spec.targets if t not in archs and t not in left_out]
     if unrun is not None:
         unrun.update(not_run)
     if not_run and not nvcc_check:

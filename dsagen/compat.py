@@ -86,6 +86,7 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num
         ValueError: ``block_kv`` differs from the spec's page size, or only one of
             ``block_table`` and ``max_context_len`` is given.
         RuntimeError: (with ``block_table``) the shapes do not match the spec's ops.
+        TypeError: (with ``block_table``) ``max_context_len`` is not an integer.
         dsagen.jit.BuildError: the first call builds the ops and the build fails.
         FileNotFoundError: no :func:`use_spec` yet and ``specs/fp8_e4m3_page64.yaml`` is not
             beside the package.
@@ -127,7 +128,7 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
         ValueError: a 4-D ``kv_cache`` whose last three dimensions are not ``page_size, 1``
             and ``bytes_per_token`` bytes, or that is not contiguous, or a spec with padded
             pages (``page_stride_bytes``), which that view cannot hold.
-        RuntimeError: what :meth:`dsagen.ops.Ops.paged_logits` raises for the inputs.
+        RuntimeError, TypeError: what :meth:`dsagen.ops.Ops.paged_logits` raises for the inputs.
         dsagen.jit.BuildError: the first call builds the ops and the build fails.
         FileNotFoundError: as :func:`get_paged_mqa_logits_metadata`.
     """
@@ -172,7 +173,8 @@ def fp8_mqa_logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor | None]
         fp32 ``[S, N]``.
     Raises:
         TypeError: ``kv`` is not a pair ``(k, k_scale)`` (e.g. a bare tensor).
-        RuntimeError: what :meth:`dsagen.ops.Ops.ragged_logits` raises for the inputs.
+        RuntimeError: what :meth:`dsagen.ops.Ops.ragged_logits` raises for the inputs (and
+            TypeError for a ``clean_logits`` that is not a bool).
         dsagen.jit.BuildError: the first call builds the ops and the build fails.
         FileNotFoundError: as :func:`get_paged_mqa_logits_metadata`.
     """

@@ -24,6 +24,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+class ConfigError(ValueError):
+    """A malformed ``DSAGEN_*`` variable; the message names it and says what it must be. A
+    ValueError, so ``except ValueError`` still catches it."""
+
+
 ENV_VARS = ("DSAGEN_CACHE_DIR", "DSAGEN_LOCK_DIR", "DSAGEN_LOCK_TIMEOUT", "DSAGEN_ARCH_LIST",
             "DSAGEN_JIT_VERBOSE", "DSAGEN_JIT_DEBUG", "DSAGEN_JIT_LINEINFO", "DSAGEN_NVCC_FLAGS",
             "DSAGEN_MAX_JOBS", "DSAGEN_DISABLE_JIT", "DSAGEN_BENCH_METHOD", "DSAGEN_BENCH_PARTIAL",
@@ -52,7 +57,8 @@ def lock_dir() -> Path:
 
 def lock_timeout() -> float:
     """``DSAGEN_LOCK_TIMEOUT`` in seconds (default 1800; a negative value or ``inf``: wait
-    forever, as filelock takes it). ValueError naming the variable where it is not a number."""
+    forever, as filelock takes it). :class:`ConfigError` naming the variable where it is not a
+    number."""
     env = os.environ.get("DSAGEN_LOCK_TIMEOUT", "").strip()
     if not env:
         return 1800.0
@@ -61,15 +67,15 @@ def lock_timeout() -> float:
     except ValueError:
         v = float("nan")
     if v != v:
-        raise ValueError(f"DSAGEN_LOCK_TIMEOUT={env!r}: must be a number of seconds "
-                         f"(negative or inf: wait forever)")
+        raise ConfigError(f"DSAGEN_LOCK_TIMEOUT={env!r}: must be a number of seconds "
+                          f"(negative or inf: wait forever)")
     return -1.0 if v == float("inf") else v
 
 
 def arch_list() -> list[str] | None:
     """``DSAGEN_ARCH_LIST`` as a list (``"sm_90a,sm_100a"`` -> ``["sm_90a", "sm_100a"]``), or
-    None when unset or empty (every target of the spec). ValueError naming the variable where
-    it names no arch or one that is not in :data:`dsagen.spec.ARCHS`."""
+    None when unset or empty (every target of the spec). :class:`ConfigError` naming the
+    variable where it names no arch or one that is not in :data:`dsagen.spec.ARCHS`."""
     from .spec import ARCHS
     raw = os.environ.get("DSAGEN_ARCH_LIST", "")
     env = raw.strip()
@@ -78,8 +84,9 @@ def arch_list() -> list[str] | None:
     names = [a.strip() for a in env.split(",") if a.strip()]
     bad = [a for a in names if a not in ARCHS]
     if bad or not names:
-        raise ValueError(f"DSAGEN_ARCH_LIST={raw!r}: must be a comma list of {', '.join(ARCHS)}"
-                         + (f" ({', '.join(map(repr, bad))} is not one)" if bad else ""))
+        raise ConfigError(f"DSAGEN_ARCH_LIST={raw!r}: must be a comma list of {', '.join(ARCHS)}"
+                          + (f" ({', '.join(map(repr, bad))} {'is not one' if len(bad) == 1 else 'are not'})"
+                             if bad else ""))
     return names
 
 
@@ -104,8 +111,8 @@ def extra_nvcc_flags() -> list[str]:
 
 
 def max_jobs() -> int | None:
-    """``DSAGEN_MAX_JOBS`` (None: unset). ValueError naming the variable where it is not an
-    integer >= 1."""
+    """``DSAGEN_MAX_JOBS`` (None: unset). :class:`ConfigError` naming the variable where it is
+    not an integer >= 1."""
     env = os.environ.get("DSAGEN_MAX_JOBS", "").strip()
     if not env:
         return None
@@ -114,7 +121,7 @@ def max_jobs() -> int | None:
     except ValueError:
         v = 0
     if v < 1:
-        raise ValueError(f"DSAGEN_MAX_JOBS={env!r}: must be an integer >= 1")
+        raise ConfigError(f"DSAGEN_MAX_JOBS={env!r}: must be an integer >= 1")
     return v
 
 
@@ -148,16 +155,17 @@ BENCH_METHODS = ("spin", "graph")
 
 def bench_method() -> str:
     """``dsagen bench``'s default timing method (``DSAGEN_BENCH_METHOD``, default ``"spin"``).
-    ValueError naming the variable where it is not one of :data:`BENCH_METHODS`."""
+    :class:`ConfigError` naming the variable where it is not one of :data:`BENCH_METHODS`."""
     m = os.environ.get("DSAGEN_BENCH_METHOD") or "spin"
     if m not in BENCH_METHODS:
-        raise ValueError(f"DSAGEN_BENCH_METHOD={m!r}: must be 'spin' or 'graph'")
+        raise ConfigError(f"DSAGEN_BENCH_METHOD={m!r}: must be 'spin' or 'graph'")
     return m
 
 
 def bench_settle_s(default: float) -> float:
     """Seconds ``dsagen bench`` waits, the GPU idle, before each row (``DSAGEN_BENCH_SETTLE``,
-    else ``default``). ValueError naming the variable where it is not a number in [0, 600]."""
+    else ``default``). :class:`ConfigError` naming the variable where it is not a number in
+    [0, 600]."""
     v = os.environ.get("DSAGEN_BENCH_SETTLE")
     if not v:
         return default
@@ -166,7 +174,7 @@ def bench_settle_s(default: float) -> float:
     except ValueError:
         s = -1.0
     if not 0 <= s <= 600:
-        raise ValueError(f"DSAGEN_BENCH_SETTLE={v!r}: must be a number of seconds in [0, 600]")
+        raise ConfigError(f"DSAGEN_BENCH_SETTLE={v!r}: must be a number of seconds in [0, 600]")
     return s
 
 

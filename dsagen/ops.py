@@ -44,17 +44,30 @@ _POISON_DEPTH: dict[str, int] = {}
 _POISON_PREV: dict[str, bool] = {}
 
 
+def arch_split(spec: Spec) -> tuple[list[str], list[str], list[str]]:
+    """The spec's targets in three lists, each in the spec's order: ``(run, compile_only,
+    left_out)``. ``run``: those the current CUDA device runs (``sm_90a`` on Hopper, ``sm_100a`` on
+    Blackwell; empty without a matching device); ``compile_only``: the others that
+    ``DSAGEN_ARCH_LIST`` keeps (``dsagen compile`` and the pytest plugin's ``nvcc`` item compile
+    them with nvcc, nothing run); ``left_out``: those ``DSAGEN_ARCH_LIST`` leaves out.
+    Raises :class:`dsagen.config.ConfigError` (a ValueError) where ``DSAGEN_ARCH_LIST`` is
+    malformed, with or without a device."""
+    from . import config
+    allowed = config.arch_list()
+    kept = [t for t in spec.targets if allowed is None or t in allowed]
+    local = None
+    if torch.cuda.is_available() and torch.version.cuda is not None:
+        major, minor = torch.cuda.get_device_capability()
+        local = f"sm_{major}{minor}a"
+    run = [t for t in kept if t == local]
+    return run, [t for t in kept if t not in run], [t for t in spec.targets if t not in kept]
+
+
 def cuda_archs(spec: Spec) -> list[str]:
     """The spec's targets (narrowed by ``DSAGEN_ARCH_LIST``) that the current CUDA device runs:
     ``sm_90a`` on Hopper, ``sm_100a`` on Blackwell; empty without a matching device.
-    ValueError where ``DSAGEN_ARCH_LIST`` is malformed (:func:`dsagen.config.arch_list`)."""
-    from . import config
-    if not torch.cuda.is_available() or torch.version.cuda is None:
-        return []
-    major, minor = torch.cuda.get_device_capability()
-    local = f"sm_{major}{minor}a"
-    allowed = config.arch_list()
-    return [t for t in spec.targets if t == local and (allowed is None or t in allowed)]
+    Raises as :func:`arch_split`."""
+    return arch_split(spec)[0]
 
 
 @dataclass
@@ -271,9 +284,10 @@ class Ops:
 
 def _int_arg(name: str, v) -> int:
     """``v`` as a Python int where it is one (a numpy integer or a one-element integer tensor
-    too); TypeError naming ``name`` for a bool, a float or anything else (never truncated)."""
-    if isinstance(v, bool):
-        raise TypeError(f"{name} must be an integer, got bool {v!r}")
+    too); TypeError naming ``name`` for a bool (of Python, numpy or torch), a float or anything
+    else (never truncated)."""
+    if isinstance(v, bool) or str(getattr(v, "dtype", "")) in ("bool", "torch.bool"):
+        raise TypeError(f"{name} must be an integer, got a bool {v!r}")
     try:
         return operator.index(v)
     except TypeError:
@@ -282,10 +296,16 @@ def _int_arg(name: str, v) -> int:
 
 def _bool_arg(name: str, v) -> bool:
     """``v`` as a Python bool where it is a bool, 0 or 1 (numpy and one-element tensors too);
-    TypeError naming ``name`` otherwise (a string such as ``"no"`` is not read as True)."""
+    TypeError naming ``name`` otherwise (a string such as ``"no"`` is not read as True, nor is a
+    tensor of several elements)."""
     if isinstance(v, bool):
         return v
-    item = v.item() if isinstance(v, torch.Tensor) or type(v).__module__ == "numpy" else v
+    item = v
+    if isinstance(v, torch.Tensor) or type(v).__module__ == "numpy":
+        n = v.numel() if isinstance(v, torch.Tensor) else getattr(v, "size", 1)
+        if n != 1:
+            raise TypeError(f"{name} must be a bool, got a {type(v).__name__} of {n} elements")
+        item = v.item()
     if isinstance(item, bool) or (isinstance(item, int) and item in (0, 1)):
         return bool(item)
     raise TypeError(f"{name} must be a bool, got {type(v).__name__} {v!r}")
@@ -344,7 +364,8 @@ def load(spec: Spec | str | Path, *, with_cuda: bool | None = None,
         cache is not writable.  dsagen.jit.JitDisabledError: ``DSAGEN_DISABLE_JIT`` is set and
         the build is not cached.  dsagen.jit.CaptureError: called during CUDA-graph capture.
         ValueError: a tuning key or value that :func:`dsagen.codegen.default_tuning` does not
-        allow.  RuntimeError: ``with_cuda=True`` with no CUDA device that a target matches, or
+        allow, or (:class:`dsagen.config.ConfigError`) a malformed ``DSAGEN_*`` variable such
+        as ``DSAGEN_ARCH_LIST``.  RuntimeError: ``with_cuda=True`` with no CUDA device that a target matches, or
         the spec already loaded in this process with the other ``with_cuda`` (a torch.library
         namespace is registered once).
     """

@@ -23,9 +23,10 @@ plugin adds three test items per spec, named ``PATH::dsagen[cpu]``, ``PATH::dsag
 * ``cpu``: build the ops and run :func:`dsagen.verify.verify` on the CPU (the full sweep);
 * ``cuda``: the same on the CUDA device; skipped when no device matches a target of the spec;
 * ``nvcc``: compile (``nvcc -c``, nothing run) the CUDA sources for each target that no local
-  device runs; skipped when nvcc is not found.
+  device runs and ``DSAGEN_ARCH_LIST`` keeps; skipped when nvcc is not found.
 
-A failing item shows the spec error (``FILE: FIELD: message``) or the verification table.
+A failing item shows the spec error (``FILE: FIELD: message``), the malformed ``DSAGEN_*``
+variable, or the verification table.
 """
 from __future__ import annotations
 
@@ -101,13 +102,13 @@ class SpecCheckItem(pytest.Item):
 
     def runtest(self):
         from . import load
-        from .ops import cuda_archs
+        from .ops import arch_split
         from .spec import load_spec
 
         spec = load_spec(self.spec_path)
-        archs = cuda_archs(spec)
+        archs, compile_only, _ = arch_split(spec)
         if self.check == "nvcc":
-            self._nvcc(spec, [t for t in spec.targets if t not in archs])
+            self._nvcc(spec, compile_only)
             return
         if self.check == "cuda" and not archs:
             pytest.skip(f"no CUDA device matching targets {list(spec.targets)}")
@@ -127,7 +128,8 @@ class SpecCheckItem(pytest.Item):
         from .codegen import render
         from .jit import find_nvcc, nvcc_compile_only
         if not archs:
-            pytest.skip("every target runs on a local device (checked by the cuda item)")
+            pytest.skip("every target runs on a local device (checked by the cuda item) or is "
+                        "left out by DSAGEN_ARCH_LIST")
         if find_nvcc() is None:
             pytest.skip("nvcc not found (PATH, CUDA_HOME, /usr/local/cuda)")
         with tempfile.TemporaryDirectory(prefix="dsagen-nvcc-") as wd:
@@ -136,8 +138,9 @@ class SpecCheckItem(pytest.Item):
             raise SpecCheckFailed("\n\n".join(f"{r.source} for {r.arch} failed:\n{r.log}" for r in bad))
 
     def repr_failure(self, excinfo, style=None):
+        from .config import ConfigError
         from .spec import SpecError
-        if isinstance(excinfo.value, (SpecCheckFailed, SpecError)):
+        if isinstance(excinfo.value, (SpecCheckFailed, SpecError, ConfigError)):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
 

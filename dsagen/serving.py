@@ -12,6 +12,7 @@ import operator
 import torch
 
 from . import reference as R
+from .ops import _int_arg
 from .spec import Spec
 
 __all__ = ["IndexerKCache", "topk"]
@@ -50,7 +51,8 @@ class IndexerKCache:
             layout, element types, head_dim and heads, and every next_n of ``spec`` (its name,
             description and targets may differ).
     Raises:
-        ValueError: ``num_layers`` or ``num_pages`` not an integer >= 1, or ``ops`` built for a spec that
+        TypeError: ``num_layers`` or ``num_pages`` is not an integer.
+        ValueError: ``num_layers`` or ``num_pages`` < 1, or ``ops`` built for a spec that
             differs in any of those.
         RuntimeError: a CUDA ``device`` with ops that have no CUDA kernels.
         dsagen.SpecError: a bad spec file. dsagen.jit.BuildError: the build fails. Otherwise
@@ -62,15 +64,9 @@ class IndexerKCache:
         from . import load
         from .spec import load_spec
         self.spec: Spec = spec if isinstance(spec, Spec) else load_spec(spec)
-        sizes = {"num_layers": num_layers, "num_pages": num_pages}
-        for name, v in sizes.items():
-            try:
-                sizes[name] = None if isinstance(v, bool) else operator.index(v)
-            except TypeError:
-                sizes[name] = None
-            if sizes[name] is None or sizes[name] < 1:
-                raise ValueError(f"{name}={v!r}: num_layers and num_pages must be integers >= 1")
-        num_layers, num_pages = sizes["num_layers"], sizes["num_pages"]
+        num_layers, num_pages = _int_arg("num_layers", num_layers), _int_arg("num_pages", num_pages)
+        if num_layers < 1 or num_pages < 1:
+            raise ValueError(f"num_layers and num_pages must be >= 1, got {num_layers} and {num_pages}")
         self.num_layers, self.num_pages = num_layers, num_pages
         if ops is not None and not _same_kernels(getattr(ops, "spec", None), self.spec):
             raise ValueError(f"ops: built for spec {getattr(getattr(ops, 'spec', None), 'name', ops)!r}, "
@@ -104,12 +100,7 @@ class IndexerKCache:
     def _layer_index(self, layer) -> int:
         """``layer`` as an int in ``[0, num_layers)``: TypeError for a non-integer (a bool, a
         float), IndexError outside the range."""
-        try:
-            i = None if isinstance(layer, bool) else operator.index(layer)
-        except TypeError:
-            i = None
-        if i is None:
-            raise TypeError(f"layer must be an integer, got {type(layer).__name__} {layer!r}")
+        i = _int_arg("layer", layer)
         if not 0 <= i < self.num_layers:
             raise IndexError(f"layer {layer} not in [0, {self.num_layers})")
         return i
@@ -140,8 +131,8 @@ class IndexerKCache:
         ``page * page_size + offset``, distinct) of ``layer``.
 
         Raises:
-            IndexError: ``layer`` out of range. RuntimeError: what
-                :meth:`dsagen.ops.Ops.store` raises for the inputs.
+            IndexError: ``layer`` out of range. TypeError: ``layer`` not an integer.
+            RuntimeError: what :meth:`dsagen.ops.Ops.store` raises for the inputs.
         """
         self.ops.store(k, self.layer(layer), loc, self.layer_scales(layer))
 
@@ -154,13 +145,14 @@ class IndexerKCache:
         ``schedule`` is this step's :meth:`schedule` (optional; the same result).
 
         Raises:
-            IndexError: ``layer`` out of range. RuntimeError: what
+            IndexError: ``layer`` out of range. TypeError: ``layer`` or ``max_context_len`` not
+                an integer, ``clean_logits`` not a bool. RuntimeError: what
                 :meth:`dsagen.ops.Ops.paged_logits` raises, or ``out`` is not fp32
                 ``[B*next_n, max_context_len]`` on ``q``'s device (checked before the call; no
                 broadcast or dtype conversion into it).
         """
         if out is not None and q.dim() == 4:   # (a q of another rank: the op's own error names q)
-            want = (q.shape[0] * q.shape[1], int(max_context_len))
+            want = (q.shape[0] * q.shape[1], _int_arg("max_context_len", max_context_len))
             if out.dtype != torch.float32 or tuple(out.shape) != want or out.device != q.device:
                 raise RuntimeError(f"paged_logits: out must be fp32 {list(want)} "
                                    f"on {q.device}, got {out.dtype} {list(out.shape)} on {out.device}")
@@ -184,6 +176,7 @@ class IndexerKCache:
             int32 ``[num_sms, 136]`` on CUDA, ``[0, 136]`` on the CPU backend.
         Raises:
             RuntimeError: next_n not in the spec, or shapes, dtypes or devices wrong.
+            TypeError: ``next_n`` or ``max_context_len`` not an integer.
         """
         return self.ops.paged_logits_schedule(context_lens, block_table, next_n, max_context_len)
 
@@ -206,7 +199,7 @@ class IndexerKCache:
                 padded max-batch table's, are not read),
                 a page id that a request's keys need is not in ``[0, num_pages)`` (such as the -1
                 that pads block tables), or a request's keys run past ``block_table``'s columns.
-            IndexError: ``layer`` out of range.
+            IndexError: ``layer`` out of range. TypeError: ``layer`` not an integer.
         """
         ps = self.spec.page_size
         if block_table.dim() != 2:
@@ -244,7 +237,7 @@ class IndexerKCache:
         ``spec.query``, ``k``/``k_scale`` as :meth:`gather` returns them, fp32 ``weights [S,
         num_heads]``, int32 ``ks``/``ke [S]`` key ranges. Returns fp32 ``[S, N]``. No layer
         argument: the keys are already gathered. Raises RuntimeError where shapes, dtypes or
-        devices do not match the spec."""
+        devices do not match the spec, TypeError where ``clean_logits`` is not a bool."""
         return self.ops.ragged_logits(q, k, k_scale, weights, ks, ke, clean_logits)
 
 

@@ -255,7 +255,7 @@ def test_compile_arch_list_narrows_the_nvcc_check(generated_tmp, monkeypatch):
     r = _run("compile", "specs/bf16_page64.yaml")
     assert r.exit_code == 0, r.output
     assert asked == [["sm_90a"]], asked
-    assert "[bf16_page64] DSAGEN_ARCH_LIST leaves out ['sm_100a']: their CUDA neither compiled nor run" in r.output
+    assert "[bf16_page64] DSAGEN_ARCH_LIST leaves out ['sm_100a']: neither compiled nor run" in r.output
     assert r.output.rstrip().endswith("dsagen compile: all verified (CUDA for sm_90a compiled only, not run: "
                                       "no such device here; CUDA for sm_100a left out by DSAGEN_ARCH_LIST)"), r.output
     monkeypatch.setenv("DSAGEN_ARCH_LIST", "sm_100a")
@@ -264,6 +264,29 @@ def test_compile_arch_list_narrows_the_nvcc_check(generated_tmp, monkeypatch):
     assert r.output.rstrip().endswith("dsagen compile: all verified (CUDA for sm_100a not compiled (--no-nvcc), "
                                       "not run: no such device here; CUDA for sm_90a left out by "
                                       "DSAGEN_ARCH_LIST)"), r.output
+
+
+def test_arch_split_follows_the_arch_list(monkeypatch):
+    """dsagen.ops.arch_split (what compile, verify, load and the pytest plugin use): the spec's
+    targets that a device runs, that are compiled only, and that DSAGEN_ARCH_LIST leaves out;
+    a malformed list is a ConfigError (a ValueError) with or without a device."""
+    from dsagen.config import ConfigError
+    from dsagen.ops import arch_split
+    spec = dsagen.load_spec(REPO / "specs" / "bf16_page64.yaml")
+    run = [t for t in spec.targets if torch.cuda.is_available()
+           and t == "sm_%d%da" % torch.cuda.get_device_capability()]
+    for env, left_out in (("", []), ("sm_100a", ["sm_90a"]), ("sm_90a,sm_100a", []), ("sm_90a", ["sm_100a"])):
+        monkeypatch.setenv("DSAGEN_ARCH_LIST", env)
+        got = arch_split(spec)
+        assert got == ([t for t in run if t not in left_out],
+                       [t for t in spec.targets if t not in run and t not in left_out], left_out), (env, got)
+    for bad in ("sm_89", "sm_90a,sm89,sm80", ","):
+        monkeypatch.setenv("DSAGEN_ARCH_LIST", bad)
+        with pytest.raises(ConfigError, match="DSAGEN_ARCH_LIST"):
+            arch_split(spec)
+    monkeypatch.setenv("DSAGEN_ARCH_LIST", "sm_90a,sm89,sm80")
+    with pytest.raises(ValueError, match=r"\('sm89', 'sm80' are not\)"):
+        dsagen.load(spec)
 
 
 def test_unwritable_outputs_are_usage_errors(generated_tmp, tmp_path):

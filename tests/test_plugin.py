@@ -1,15 +1,17 @@
 """The pytest plugin (dsagen/pytest_plugin.py): --dsagen-spec parametrization and built-in checks."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 from conftest import REPO
 
 
-def _pytest(*args, cwd):
+def _pytest(*args, cwd, env=None):
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *map(str, args)],
-                          cwd=cwd, capture_output=True, text=True, timeout=600)
+                          cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def test_default_parametrization_is_every_shipped_spec():
@@ -54,3 +56,15 @@ def test_missing_spec_is_a_usage_error(tmp_path):
     p = _pytest("--dsagen-spec", "nope.yaml", cwd=tmp_path)
     assert p.returncode == 4
     assert "--dsagen-spec: no such file" in p.stderr
+
+
+def test_builtin_checks_report_a_malformed_arch_list(tmp_path):
+    """A malformed DSAGEN_ARCH_LIST fails the built-in items with its one-line message (no
+    traceback), as `dsagen compile` refuses it."""
+    (tmp_path / "my.yaml").write_text((REPO / "specs" / "bf16_page64.yaml").read_text())
+    p = _pytest("-v", "-rA", "--dsagen-spec", "my.yaml", "-k", "nvcc", cwd=tmp_path,
+                env={"DSAGEN_ARCH_LIST": "sm_89"})
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and "my.yaml::dsagen[nvcc] FAILED" in out, out
+    assert "DSAGEN_ARCH_LIST='sm_89': must be a comma list of sm_90a, sm_100a ('sm_89' is not one)" in out
+    assert "Traceback" not in out

@@ -179,23 +179,35 @@ def test_topk_never_selects_nan_and_checks_its_arguments(gen):
         topk(logits.long(), torch.tensor([50, 50]), 8)
 
 
-def test_pool_sizes_and_layer_ids_are_checked(dsagen_spec, dsagen_ops):
-    """Pool sizes that are not integers >= 1 are a ValueError naming them; a layer id that is
-    not an integer is a TypeError, one out of range an IndexError (never a slice error)."""
+def test_pool_sizes_and_layer_ids_are_checked(dsagen_spec, dsagen_ops, gen):
+    """Pool sizes or a layer id that are not integers (bools, of torch too, included) are a
+    TypeError naming them; sizes < 1 a ValueError, a layer out of range an IndexError (never a
+    slice error); max_context_len is checked, not truncated, before ``out`` is."""
     import numpy as np
-    for layers, pages in ((2.0, 4), ("2", 4), (True, 4), (2, 0), (2, 4.5), (0, 4)):
-        with pytest.raises(ValueError, match="num_layers and num_pages must be integers >= 1"):
+    for layers, pages, what in ((2.0, 4, "num_layers"), ("2", 4, "num_layers"), (True, 4, "num_layers"),
+                                (torch.tensor(True), 4, "num_layers"), (2, 4.5, "num_pages")):
+        with pytest.raises(TypeError, match=f"{what} must be an integer"):
+            IndexerKCache(dsagen_spec, layers, pages, ops=dsagen_ops)
+    for layers, pages in ((2, 0), (0, 4), (-1, 4)):
+        with pytest.raises(ValueError, match="num_layers and num_pages must be >= 1"):
             IndexerKCache(dsagen_spec, layers, pages, ops=dsagen_ops)
     pool = IndexerKCache(dsagen_spec, np.int64(2), torch.tensor(3), ops=dsagen_ops)
     assert (pool.num_layers, pool.num_pages) == (2, 3) and type(pool.num_layers) is int
     assert tuple(pool.layer(np.int32(1)).shape) == (3, dsagen_spec.page_bytes)
     for get in (pool.layer, pool.layer_scales):
-        for bad in (1.5, 1.0, True, "1", None):
+        for bad in (1.5, 1.0, True, "1", None, torch.tensor(False)):
             with pytest.raises(TypeError, match="layer must be an integer"):
                 get(bad)
         for bad in (2, -1):
             with pytest.raises(IndexError, match=r"not in \[0, 2\)"):
                 get(bad)
+    n = dsagen_spec.next_n[0]
+    q = random_q(dsagen_spec, 1, n, gen, "cpu")
+    w = torch.randn(n, dsagen_spec.num_heads, generator=gen)
+    cl, bt = torch.tensor([70], dtype=torch.int32), torch.tensor([[0, 1]], dtype=torch.int32)
+    for bad in (70.9, None, True):
+        with pytest.raises(TypeError, match="max_context_len must be an integer"):
+            pool.paged_logits(0, q, w, cl, bt, bad, out=torch.empty(n, 70))
 
 
 def test_pool_refuses_ops_of_another_spec(dsagen_spec, dsagen_ops):
