@@ -477,7 +477,7 @@ def load_spec(path: str | Path) -> Spec:
         except (yaml.YAMLError, RecursionError):
             raise
         except Exception as e:         # PyYAML's constructors on odd scalars: int() of a literal
-            # longer than Python reads (ValueError), `!!int ''` (IndexError), `!!bool maybe`
+            # longer than Python reads or `!!int ''` (ValueError), `!!bool maybe`
             # (KeyError), `!!timestamp nope` (AttributeError), ...
             raise SpecError(str(path), "", f"not valid YAML: a value that does not load "
                             f"({type(e).__name__}: {e})") from None
@@ -514,6 +514,35 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {_show(key)}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# Plain scalars are resolved as YAML 1.2's core schema does, not as PyYAML's YAML 1.1: only
+# true/false are bools (`no`, `on`, `off`, `yes` stay strings, so `dtype: no` is reported as the
+# string it reads as), integers are decimal, 0o octal or 0x hex (`0100` is 100, not octal 64;
+# `1:04` is a string, not the base-60 number 64), floats have no base-60 form.
+_YAML12_TAGS = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML12_TAGS]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789"))
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+
+def _construct_int(loader: yaml.SafeLoader, node) -> int:
+    """An integer scalar as YAML 1.2 reads it: decimal (leading zeros too), ``0o`` octal, ``0x``
+    hex (PyYAML reads ``0100`` as octal and ``1:04`` as base 60)."""
+    v = loader.construct_scalar(node)
+    base = {"0o": 8, "0x": 16}.get(v[:2], 10)
+    return int(v[2:] if base != 10 else v, base)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def _yaml_problem(e: "yaml.YAMLError") -> str:

@@ -352,6 +352,27 @@ def test_duplicate_key_is_refused(tmp_path):
         dsagen.load_spec(f)
 
 
+@pytest.mark.parametrize("old, new, says", [
+    ("page_size: 64", "page_size: 1:04", "page_size: expected an integer, got '1:04'"),   # YAML 1.1: 64
+    ("page_size: 64", "page_size: 0100", "page_size: 100 is not a power of two"),        # YAML 1.1: 64
+    ("dtype: e4m3", "dtype: no", "key.dtype: 'no' is not one of"),                       # YAML 1.1: False
+])
+def test_plain_scalars_read_as_yaml_1_2(tmp_path, old, new, says):
+    """Plain scalars resolve as YAML 1.2's core schema: PyYAML's YAML 1.1 reading would take
+    `1:04` (base 60) and `0100` (octal) as page_size 64, and `no` as False."""
+    f = tmp_path / "s.yaml"
+    text = FP8.read_text()
+    assert old in text
+    f.write_text(text.replace(old, new, 1))
+    with pytest.raises(SpecError) as ei:
+        dsagen.load_spec(f)
+    assert str(ei.value).startswith(f"{f}: {says}"), str(ei.value)
+    # the forms YAML 1.2 gives page_size 64 in
+    for ok in ("0x40", "0o100", "+64", "064"):
+        f.write_text(text.replace("page_size: 64", f"page_size: {ok}", 1))
+        assert dsagen.load_spec(f).page_size == 64, ok
+
+
 def test_not_utf8_and_too_deep_are_spec_errors(tmp_path):
     bad = tmp_path / "latin1.yaml"
     bad.write_bytes(b"# caf\xe9\n" + FP8.read_bytes())
@@ -372,7 +393,7 @@ E = re.escape
      "&c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
      "&e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d], &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e], "
      "[*f,*f,*f,*f,*f,*f,*f,*f,*f,*f]]", E("head_dim: expected an integer, got [[")),
-    ("head_dim: 0b" + "1" * 20000, E("head_dim: an integer of 20000 bits: out of range")),
+    ("head_dim: 0x" + "f" * 5000, E("head_dim: an integer of 20000 bits: out of range")),
     ("page_size: " + str(2**70), E("page_size: an integer of 71 bits: out of range")),
     # (Python's 4300-digit limit on int(str) makes it a YAML error; without it the int is read)
     ("page_size: " + "9" * 5000, r"(not valid YAML: a value that does not load \(ValueError: Exceeds the limit"
@@ -384,7 +405,7 @@ E = re.escape
     ("head_dim: *" + "a" * 3000, E("not valid YAML: found undefined alias 'aaa")),
     ("head_dim: !!float " + "z" * 5000, E("not valid YAML: a value that does not load (ValueError")),
     # PyYAML's constructors raise other errors on these
-    ("head_dim: !!int ''", E("not valid YAML: a value that does not load (IndexError")),
+    ("head_dim: !!int ''", E("not valid YAML: a value that does not load (ValueError")),
     ("head_dim: !!bool maybe", E("not valid YAML: a value that does not load (KeyError")),
     ("head_dim: !!timestamp nope", E("not valid YAML: a value that does not load (AttributeError")),
     ('logits: {num_heads: 64, next_n: [1], "a\\nb": 1}', r"logits.a\\nb: unknown key"),
