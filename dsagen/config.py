@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+
 class ConfigError(ValueError):
     """A malformed ``DSAGEN_*`` variable; the message names it and says what it must be. A
     ValueError, so ``except ValueError`` still catches it."""
