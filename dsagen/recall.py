@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from . import reference as R
 from .serving import topk
 from .spec import Spec
 
@@ -335,7 +336,7 @@ def load_dump(path: str | Path) -> Inputs:
             raise ValueError(f"{path}: {name} has non-finite values")
     if "lengths" in t:
         lengths = t["lengths"]
-        if lengths.shape != (T,) or lengths.is_floating_point() or lengths.dtype == torch.bool:
+        if not R._is_integer_tensor(lengths) or lengths.shape != (T,):
             raise ValueError(f"{path}: lengths must be an integer [T={T}] tensor, got "
                              f"{lengths.dtype} {list(lengths.shape)}")
         lengths = lengths.long()

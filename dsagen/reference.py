@@ -56,6 +56,13 @@ def _scale_tensor(spec: Spec, kv_cache: torch.Tensor, kv_scales: torch.Tensor | 
     return kv_cache
 
 
+def _is_integer_tensor(t) -> bool:
+    """Whether ``t`` is a tensor of integers (any int or uint dtype; not float, complex or bool),
+    as index and length arguments must be."""
+    return isinstance(t, torch.Tensor) and not (t.is_floating_point() or t.is_complex()
+                                                or t.dtype == torch.bool)
+
+
 def _pow2_ceil(s: torch.Tensor) -> torch.Tensor:
     """Exact ``2**ceil(log2(s))`` for positive float32 ``s`` (no libm rounding involved)."""
     m, e = torch.frexp(s)
@@ -191,8 +198,7 @@ def store(k: torch.Tensor, kv_cache: torch.Tensor, loc: torch.Tensor, spec: Spec
     flat = kv_cache.view(-1)
     sflat = _scale_tensor(spec, kv_cache, kv_scales).view(-1)
     kq, scale = quantize(k, spec)
-    if (loc.dim() != 1 or loc.shape[0] != k.shape[0] or loc.is_floating_point() or loc.is_complex()
-            or loc.dtype == torch.bool):
+    if not _is_integer_tensor(loc) or loc.dim() != 1 or loc.shape[0] != k.shape[0]:
         raise ValueError(f"{spec.name}: loc must be integer [N] = [{k.shape[0]}] slot ids, "
                          f"got {loc.dtype} {list(loc.shape)}")
     # (no negative-slot or ue8m0-range check on CUDA: each would synchronize the host in dsagen

@@ -7,8 +7,6 @@ until the context exceeded ``index_topk``).
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from . import reference as R
@@ -205,9 +203,8 @@ class IndexerKCache:
         if block_table.dim() != 2:
             raise ValueError(f"gather: block_table must be [B, max_pages], got {tuple(block_table.shape)}")
         rows = block_table.shape[0]
-        if (cu_seq_lens.dim() != 1 or not 1 <= cu_seq_lens.shape[0] <= rows + 1
-                or cu_seq_lens.dtype.is_floating_point or cu_seq_lens.dtype.is_complex
-                or cu_seq_lens.dtype == torch.bool):
+        if (not R._is_integer_tensor(cu_seq_lens) or cu_seq_lens.dim() != 1
+                or not 1 <= cu_seq_lens.shape[0] <= rows + 1):
             raise ValueError(f"gather: cu_seq_lens must be an integer [B+1] tensor, 1 <= B+1 <= {rows + 1} "
                              f"(prefix sums of the lengths of the first B of block_table's {rows} rows), "
                              f"got {cu_seq_lens.dtype} {tuple(cu_seq_lens.shape)}")
@@ -265,15 +262,14 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, index_topk: int) -> torch.
         raise ValueError(f"topk: logits must be a floating-point [rows, max_len] tensor, got "
                          f"{_describe(logits)}")
     rows, n = logits.shape
-    if (not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (rows,)
-            or lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool):
+    if not R._is_integer_tensor(lengths) or tuple(lengths.shape) != (rows,):
         raise ValueError(f"topk: lengths must be an integer [{rows}] tensor (one per logits row), got "
                          f"{_describe(lengths)}")
     try:
-        k = operator.index(index_topk)       # int, numpy and 0-d torch integers
+        k = _int_arg("index_topk", index_topk)    # int, numpy and one-element torch integers
     except TypeError:
-        k = None
-    if isinstance(index_topk, bool) or k is None or k < 1:
+        k = 0
+    if k < 1:
         raise ValueError(f"topk: index_topk={index_topk!r} must be an integer >= 1")
     index_topk = k
     j = torch.arange(n, device=logits.device)
